@@ -1,0 +1,121 @@
+# The hashing kernel behind grudge_stream.hashing: one 64-bit hash per key,
+# then Kirsch-Mitzenmacher index derivation (see docs/hashing.md).
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from cpython.bytes cimport PyBytes_FromStringAndSize
+cimport numpy as cnp
+import numpy as np
+
+from ghash cimport (Hasher, make_hasher, key_view, hash_key, hash_sequence,
+                    gh_murmur3_64, gh_siphash24, gh_splitmix64, gh_km_index,
+                    gh_hash, gh_crc32c_init, gh_crc32c, GH_MURMUR3, GH_SIPHASH)
+
+cnp.import_array()
+gh_crc32c_init()
+
+ALGORITHMS = ("murmur3", "siphash")
+
+
+cpdef int algorithm_code(object algorithm) except -1:
+    """Map an algorithm name to the kernel's code, or raise ValueError."""
+    if algorithm == "murmur3":
+        return GH_MURMUR3
+    if algorithm == "siphash":
+        return GH_SIPHASH
+    raise ValueError(f"unknown hash algorithm {algorithm!r}; expected 'murmur3' or 'siphash'")
+
+
+def hash64(key, uint64_t seed=0, algorithm="murmur3"):
+    """Hash one key (bytes, or str as UTF-8) to an unsigned 64-bit int.
+
+    murmur3: the first word of MurmurHash3_x64_128 with both seed words set to
+    ``seed & 0xFFFFFFFF``; siphash: SipHash-2-4 keyed with the first two
+    splitmix64 outputs started at ``seed``.
+    """
+    cdef Hasher h = make_hasher(algorithm_code(algorithm), seed)
+    return hash_key(&h, key)
+
+
+def hash64_many(keys, uint64_t seed=0, algorithm="murmur3"):
+    """Hash many keys into a new ``numpy.uint64`` array.
+
+    ``keys`` is a list or tuple (or any iterable) of bytes/str, or a 2-D
+    C-contiguous uint8 buffer whose rows are fixed-width keys.
+    """
+    cdef Hasher h = make_hasher(algorithm_code(algorithm), seed)
+    cdef const uint8_t[:, ::1] rows
+    cdef Py_ssize_t i, n, width
+    cdef cnp.ndarray[cnp.uint64_t, ndim=1] out
+    cdef uint64_t* o
+    if isinstance(keys, (list, tuple)):
+        n = len(keys)
+        out = np.empty(n, dtype=np.uint64)
+        hash_sequence(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
+        return out
+    if isinstance(keys, (bytes, str, bytearray)):
+        raise TypeError("hash64_many takes a sequence of keys; use hash64 for one key")
+    try:
+        rows = keys
+    except (TypeError, ValueError):
+        keys = list(keys)
+        n = len(keys)
+        out = np.empty(n, dtype=np.uint64)
+        hash_sequence(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
+        return out
+    n = rows.shape[0]
+    width = rows.shape[1]
+    out = np.empty(n, dtype=np.uint64)
+    o = <uint64_t*>cnp.PyArray_DATA(out)
+    with nogil:
+        for i in range(n):
+            o[i] = gh_hash(h.algo, &rows[i, 0] if width > 0 else <const uint8_t*>"", <size_t>width,
+                           h.seed32, h.k0, h.k1)
+    return out
+
+
+def siphash24(key, uint64_t k0, uint64_t k1):
+    """SipHash-2-4 of ``key`` under the 128-bit key ``(k0, k1)`` (little-endian words)."""
+    cdef const unsigned char* p
+    cdef Py_ssize_t n
+    key_view(key, &p, &n)
+    return gh_siphash24(p, <size_t>n, k0, k1)
+
+
+def murmur3_64(key, uint32_t seed=0):
+    """First 64-bit word of MurmurHash3_x64_128 with both seed words = ``seed``."""
+    cdef const unsigned char* p
+    cdef Py_ssize_t n
+    key_view(key, &p, &n)
+    return gh_murmur3_64(p, <size_t>n, seed)
+
+
+def splitmix64(uint64_t state):
+    """One splitmix64 output from ``state`` (the generator's state then advances by
+    0x9E3779B97F4A7C15). ``splitmix64(0) == 0xE220A8397B1DCDAF``."""
+    return gh_splitmix64(state)
+
+
+def siphash_key(uint64_t seed):
+    """The SipHash key ``(k0, k1)`` a sketch derives from its ``seed``."""
+    cdef Hasher h = make_hasher(GH_SIPHASH, seed)
+    return (h.k0, h.k1)
+
+
+def level_indexes(uint64_t hash, Py_ssize_t levels, Py_ssize_t cells_per_level):
+    """Kirsch-Mitzenmacher cell indexes of one hash:
+    ``((h1 + i*h2) mod 2**32) mod M`` for ``i = 0..levels-1``."""
+    if levels < 1:
+        raise ValueError("levels must be >= 1")
+    if cells_per_level < 1 or cells_per_level > 0xFFFFFFFF:
+        raise ValueError("cells_per_level must be in [1, 2**32 - 1]")
+    return [gh_km_index(hash, <uint32_t>i, <uint32_t>cells_per_level) for i in range(levels)]
+
+
+def crc32c(data, uint32_t crc=0):
+    """CRC-32C (Castagnoli) of a bytes-like object, continuing from ``crc``."""
+    cdef const uint8_t[::1] view = data
+    cdef uint32_t out
+    if view.shape[0] == 0:
+        return crc
+    with nogil:
+        out = gh_crc32c(crc, &view[0], <size_t>view.shape[0])
+    return out

@@ -1,0 +1,1 @@
+"""Compiled kernels (private). Import the public API from grudge_stream."""

@@ -1,0 +1,44 @@
+"""Build the Cython kernels in cyext/ into grudge_stream._cyext (all else is in pyproject.toml).
+
+Set GRUDGE_DEBUG=1 to build with bounds checks, wraparound, C assertions and -O0 -g.
+"""
+import glob
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+DEBUG = os.environ.get("GRUDGE_DEBUG", "") not in ("", "0")
+
+directives = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "nonecheck": False,
+    "embedsignature": True,
+    "binding": True,
+}
+cflags = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3", "-fno-strict-aliasing"]
+
+extensions = [
+    Extension(
+        f"grudge_stream._cyext.{os.path.splitext(os.path.basename(pyx))[0]}",
+        [pyx],
+        include_dirs=["cyext", numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=cflags,
+    )
+    for pyx in sorted(glob.glob("cyext/_*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        include_path=["cyext"],
+        compiler_directives=directives,
+        build_dir="build/cython",
+    )
+)
