@@ -5,8 +5,16 @@ from cpython.bytes cimport PyBytes_Check, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_Check, PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.unicode cimport PyUnicode_Check
 
+from cpython.ref cimport PyObject
+
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
+    # Borrowed-reference accessors, so batch loops over lists touch no refcounts.
+    PyObject* gh_list_item "PyList_GET_ITEM"(object seq, Py_ssize_t i)
+    PyObject* gh_tuple_item "PyTuple_GET_ITEM"(object seq, Py_ssize_t i)
+    bint gh_bytes_check_exact "PyBytes_CheckExact"(PyObject* o)
+    char* gh_bytes_data "PyBytes_AS_STRING"(PyObject* o)
+    Py_ssize_t gh_bytes_size "PyBytes_GET_SIZE"(PyObject* o)
 
 cdef extern from "ghash.h" nogil:
     uint64_t gh_murmur3_64(const unsigned char* data, size_t length, uint32_t seed32)
@@ -66,10 +74,19 @@ cdef inline int hash_sequence(const Hasher* h, object keys, uint64_t* out, Py_ss
     cdef Py_ssize_t i
     cdef const unsigned char* p
     cdef Py_ssize_t size
-    cdef object seq = keys if (isinstance(keys, list) or isinstance(keys, tuple)) else list(keys)
+    cdef PyObject* item
+    cdef bint is_list = type(keys) is list
+    cdef object seq = keys if (is_list or type(keys) is tuple) else list(keys)
+    is_list = type(seq) is list
     if len(seq) != n:
         raise ValueError("key sequence changed length")
     for i in range(n):
-        key_view(seq[i], &p, &size)
-        out[i] = gh_hash(h.algo, p, <size_t>size, h.seed32, h.k0, h.k1)
+        # The GIL is held, so the sequence cannot change under the loop.
+        item = gh_list_item(seq, i) if is_list else gh_tuple_item(seq, i)
+        if gh_bytes_check_exact(item):
+            out[i] = gh_hash(h.algo, <const unsigned char*>gh_bytes_data(item),
+                             <size_t>gh_bytes_size(item), h.seed32, h.k0, h.k1)
+        else:
+            key_view(<object>item, &p, &size)
+            out[i] = gh_hash(h.algo, p, <size_t>size, h.seed32, h.k0, h.k1)
     return 0

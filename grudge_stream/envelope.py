@@ -5,7 +5,8 @@ Layout (all integers little-endian; documented in docs/formats.md)::
     offset  size  field
     0       4     magic  b"GRDS"
     4       2     format version (u16, currently 1)
-    6       2     kind (u16): 1 ScoreSketch, 2 Rotator, 3 DecayingCountMin, 4 ForgettingBloom
+    6       2     kind (u16): 1 ScoreSketch, 2 Rotator, 3 DecayingCountMin, 4 ForgettingBloom,
+                  16 operator snapshot
     8       4     header length H (u32)
     12      H     header: canonical JSON (UTF-8, sorted keys, no spaces) holding the
                   full config, seed(s) and scalar state (clock state, counters)
@@ -35,12 +36,14 @@ KIND_SCORE_SKETCH = 1
 KIND_ROTATOR = 2
 KIND_COUNT_MIN = 3
 KIND_FORGETTING_BLOOM = 4
+KIND_OPERATOR = 16
 
 KIND_NAMES = {
     KIND_SCORE_SKETCH: "ScoreSketch",
     KIND_ROTATOR: "Rotator",
     KIND_COUNT_MIN: "DecayingCountMin",
     KIND_FORGETTING_BLOOM: "ForgettingBloom",
+    KIND_OPERATOR: "operator snapshot",
 }
 
 _HEAD = struct.Struct("<4sHHI")  # magic, version, kind, header length
