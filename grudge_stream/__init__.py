@@ -10,6 +10,7 @@ from grudge_stream.exceptions import (
     MismatchError,
     SnapshotError,
 )
+from grudge_stream.sketches.score import Exponential, Linear, NoDecay, Rotator, ScoreSketch, suggest_levels
 
 __version__ = "0.1.0"
 
@@ -17,11 +18,17 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "EventClock",
+    "Exponential",
     "GrudgeError",
     "InvalidInputError",
+    "Linear",
     "ManualClock",
     "MismatchError",
+    "NoDecay",
+    "Rotator",
+    "ScoreSketch",
     "SnapshotError",
     "SystemClock",
+    "suggest_levels",
     "__version__",
 ]

@@ -1,0 +1,26 @@
+"""Public sketch API: config objects, sizing helpers and the compiled sketch classes."""
+from __future__ import annotations
+
+from grudge_stream.sketches.score import (
+    Exponential,
+    Linear,
+    NoDecay,
+    QueryDetail,
+    Rotator,
+    RotatorConfig,
+    ScoreSketch,
+    ScoreSketchConfig,
+    suggest_levels,
+)
+
+__all__ = [
+    "Exponential",
+    "Linear",
+    "NoDecay",
+    "QueryDetail",
+    "Rotator",
+    "RotatorConfig",
+    "ScoreSketch",
+    "ScoreSketchConfig",
+    "suggest_levels",
+]
