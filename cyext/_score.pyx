@@ -398,7 +398,7 @@ cdef tuple _time_arr(object x, Py_ssize_t n):
     arr = np.asarray(x)
     if arr.ndim == 0:
         return np.array([_time_arg(x)], dtype=np.int64), 0
-    if arr.dtype.kind not in "iu":
+    if arr.dtype.kind not in "iu" and arr.size:
         raise TypeError(f"now_ms must be integer milliseconds, not {arr.dtype}")
     if arr.ndim != 1 or arr.shape[0] != n:
         raise InvalidInputError(f"now_ms must be a scalar or have the batch's length {n}, "
