@@ -1,0 +1,1 @@
+"""Public sketch API: config objects, sizing helpers and the compiled sketch classes."""
