@@ -209,11 +209,11 @@ cdef class ForgettingBloom:
 
     def generation_counts(self):
         """Inserts per generation, newest first."""
-        return [self._counts[(self._newest - i) % self._G] for i in range(self._G)]
+        return [self._counts[(self._newest - i + self._G) % self._G] for i in range(self._G)]
 
     def fill_ratios(self):
         """Fraction of set bits per generation, newest first."""
-        return [self._pops[(self._newest - i) % self._G] / self._m for i in range(self._G)]
+        return [self._pops[(self._newest - i + self._G) % self._G] / self._m for i in range(self._G)]
 
     def memory_bytes(self):
         """Bytes of the bit array (fixed at construction)."""

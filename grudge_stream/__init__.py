@@ -10,13 +10,17 @@ from grudge_stream.exceptions import (
     MismatchError,
     SnapshotError,
 )
+from grudge_stream.sketches.bloom import ForgettingBloom
+from grudge_stream.sketches.countmin import DecayingCountMin
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "DecayingCountMin",
     "EventClock",
+    "ForgettingBloom",
     "GrudgeError",
     "InvalidInputError",
     "ManualClock",
