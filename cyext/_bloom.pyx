@@ -213,7 +213,7 @@ cdef class ForgettingBloom:
 
     def fill_ratios(self):
         """Fraction of set bits per generation, newest first."""
-        return [self._pops[(self._newest - i + self._G) % self._G] / self._m for i in range(self._G)]
+        return [<double>self._pops[(self._newest - i + self._G) % self._G] / <double>self._m for i in range(self._G)]
 
     def memory_bytes(self):
         """Bytes of the bit array (fixed at construction)."""

@@ -742,9 +742,7 @@ cdef class DecayingCountMin:
             c = count
             w = <uint64_t>c
         else:
-            w = count_value(count)
-            if w > self._cmask:
-                w = self._cmask
+            w = min(count_value(count), self._cmask)
         h = hash_key(&self._hasher, key)
         self._advance_to_time(now_ms)
         est = self._bump(h, w)

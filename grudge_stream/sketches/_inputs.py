@@ -110,7 +110,7 @@ def time_value(now_ms: Any) -> int:
     """One timestamp, validated and within int64 (as ``grudge_stream.clock.as_ms``)."""
     try:
         t = as_ms(now_ms)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise InvalidInputError(str(exc)) from None
     if not I64_MIN <= t <= I64_MAX:
         raise InvalidInputError(f"now_ms must fit in a signed 64-bit integer, got {t}")
