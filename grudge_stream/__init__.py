@@ -10,6 +10,8 @@ from grudge_stream.exceptions import (
     MismatchError,
     SnapshotError,
 )
+from grudge_stream.sketches.bloom import ForgettingBloom
+from grudge_stream.sketches.countmin import DecayingCountMin
 from grudge_stream.sketches.score import Exponential, Linear, NoDecay, Rotator, ScoreSketch, suggest_levels
 
 __version__ = "0.1.0"
@@ -17,8 +19,10 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "DecayingCountMin",
     "EventClock",
     "Exponential",
+    "ForgettingBloom",
     "GrudgeError",
     "InvalidInputError",
     "Linear",

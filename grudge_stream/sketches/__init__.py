@@ -1,6 +1,8 @@
 """Public sketch API: config objects, sizing helpers and the compiled sketch classes."""
 from __future__ import annotations
 
+from grudge_stream.sketches.bloom import ForgettingBloom
+from grudge_stream.sketches.countmin import DecayingCountMin
 from grudge_stream.sketches.score import (
     Exponential,
     Linear,
@@ -14,7 +16,9 @@ from grudge_stream.sketches.score import (
 )
 
 __all__ = [
+    "DecayingCountMin",
     "Exponential",
+    "ForgettingBloom",
     "Linear",
     "NoDecay",
     "QueryDetail",

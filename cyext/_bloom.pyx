@@ -1,0 +1,755 @@
+# ForgettingBloom kernel: G generations of a Bloom filter interleaved in one bit array
+# (a group of group_bits >= G bits per position, bit g of a group = generation g), so a
+# lookup over every live generation costs k word loads, not G*k. Rotation clears the
+# oldest generation's bit of every group. Design and byte format: docs/forgetting-bloom.md.
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, INT64_MAX
+from libc.stdlib cimport free
+from libc.string cimport memset
+from libc.math cimport log, pow
+cimport numpy as cnp
+import numpy as np
+import math
+
+from ghash cimport Hasher, make_hasher, hash_key
+from gkeys cimport hash_items
+
+from grudge_stream._cyext._hashing import algorithm_code
+from grudge_stream.clock import SystemClock, default_clock
+from grudge_stream.envelope import KIND_FORGETTING_BLOOM, pack, unpack
+from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
+from grudge_stream.sketches._inputs import prepare_keys, prepare_times, time_value
+
+cnp.import_array()
+
+cdef extern from "gsketch.h" nogil:
+    uint64_t gs_fastmod_magic(uint32_t d)
+    uint32_t gs_km_index_p(uint64_t h, uint32_t i, uint64_t magic, uint32_t d, uint32_t pmask)
+    void gs_prefetch_w(const void* p)
+    void gs_prefetch_r(const void* p)
+    void* gs_alloc_zeroed(size_t n)
+    int64_t gs_wall_ms()
+    int64_t gs_floordiv(int64_t a, int64_t b)
+
+cdef extern from *:
+    """
+    static inline int gb_popcount64(uint64_t x) { return __builtin_popcountll(x); }
+    """
+    int gb_popcount64(uint64_t x) nogil
+
+cdef enum:
+    MAXG = 64       # mirrors grudge_stream.sketches.bloom.MAX_GENERATIONS
+    PF = 8          # prefetch distance in keys (power of two)
+    MAXK = 64       # mirrors grudge_stream.sketches.bloom.MAX_HASHES
+
+cdef object _cfgmod = None
+
+
+cdef object _config_module():
+    global _cfgmod
+    if _cfgmod is None:
+        from grudge_stream.sketches import bloom
+        _cfgmod = bloom
+    return _cfgmod
+
+
+cdef class ForgettingBloom:
+    """ForgettingBloom(*, capacity, fp_rate, generations=2, period_ms=None, seed=0,
+    hasher="murmur3", clock=None)
+
+    A Bloom filter that forgets gradually: a set of known keys for dedup, novelty
+    and skip-the-check caches.
+
+    ``generations`` (2..64) Bloom filters share one sizing: each holds up to
+    ``capacity`` inserts and is sized for ``1 - (1 - fp_rate)**(1/generations)``,
+    so ``contains`` over all of them stays within ``fp_rate`` even when every
+    generation is full. Inserts go to the newest generation; a key is present
+    while any live generation holds it. The oldest generation is cleared and
+    becomes the newest (a rotation) when event time crosses a multiple of
+    ``period_ms`` (origin 0) and when the newest generation's insert count
+    reaches ``capacity``: forgetting is gradual, never a cliff. With
+    ``generations=G`` and period P, a key added at t stays present until the
+    G-th rotation after t (at least ``(G-1) * P``, at most ``G * P``).
+
+    Error direction: "absent" is always true; "present" can be false (rate
+    about ``fp_rate``, see :meth:`fp_rate_estimate`). As a skip-the-check cache
+    it fails open, so insert only keys the backend accepted.
+
+    Memory: ``bloom_sizing(capacity, fp_rate, generations).memory_bytes``
+    (``positions * group_bits / 8``; 2.75 MB for 1M keys at 1 % with 2 generations).
+    """
+
+    cdef uint64_t* _words
+    cdef Py_ssize_t _nwords
+    cdef uint32_t _m, _pmask, _k
+    cdef uint64_t _magic
+    cdef int _G, _lgw, _lgpw
+    cdef uint64_t _gmask            # the G generation bits of one group (at offset 0)
+    cdef uint64_t _lowpat           # bit 0 of every group of a word
+    cdef uint64_t _capacity
+    cdef int _newest
+    cdef int64_t _counts[MAXG]      # inserts (adds that set a new bit) per generation
+    cdef int64_t _pops[MAXG]        # set bits per generation
+    cdef int64_t _union_pop         # positions with any generation bit set
+    cdef int64_t _rotations
+    cdef int64_t _period_ms         # 0: no time-based rotation
+    cdef int64_t _P                 # current period index (max seen)
+    cdef int64_t _win_hi            # first ms of period P + 1
+    cdef bint _started
+    cdef Hasher _hasher
+    cdef object _clock
+    cdef bint _sysclock
+    cdef object _config
+
+    def __cinit__(self, *args, **kwargs):
+        self._words = NULL
+
+    def __dealloc__(self):
+        free(self._words)
+
+    def __init__(self, *, capacity, fp_rate, generations=2, period_ms=None, seed=0,
+                 hasher="murmur3", clock=None):
+        cfg = _config_module().BloomConfig(capacity=capacity, fp_rate=fp_rate, generations=generations,
+                                           period_ms=period_ms, seed=seed, hasher=hasher)
+        self._setup(cfg, clock)
+
+    cdef _setup(self, cfg, clock):
+        cdef int g
+        if self._words != NULL:
+            raise RuntimeError("ForgettingBloom is already initialised")
+        if clock is None:
+            clock = default_clock()
+        elif not callable(getattr(clock, "now_ms", None)):
+            raise ConfigError("clock must have a now_ms() method (see grudge_stream.clock)")
+        sz = cfg.sizing
+        self._config = cfg
+        self._clock = clock
+        self._sysclock = type(clock) is SystemClock
+        self._m = sz.positions
+        self._magic = gs_fastmod_magic(self._m)
+        self._pmask = (self._m - 1) if (self._m & (self._m - 1)) == 0 else 0
+        self._k = sz.hashes
+        self._G = cfg.generations
+        self._lgw = 0
+        while (1 << self._lgw) < sz.group_bits:
+            self._lgw += 1
+        self._lgpw = 6 - self._lgw
+        self._gmask = 0xFFFFFFFFFFFFFFFFULL if self._G == 64 else ((1ULL << self._G) - 1)
+        self._lowpat = 0
+        for g in range(0, 64, sz.group_bits):
+            self._lowpat |= 1ULL << g
+        self._capacity = cfg.capacity
+        self._nwords = sz.words
+        self._words = <uint64_t*>gs_alloc_zeroed(<size_t>self._nwords * 8)
+        if self._words == NULL:
+            raise MemoryError(f"cannot allocate {self._nwords * 8} bytes of Bloom bits")
+        self._newest = 0
+        for g in range(MAXG):
+            self._counts[g] = 0
+            self._pops[g] = 0
+        self._union_pop = 0
+        self._rotations = 0
+        self._period_ms = 0 if cfg.period_ms is None else cfg.period_ms
+        self._P = 0
+        self._started = False
+        self._win_hi = -INT64_MAX - 1
+        self._hasher = make_hasher(algorithm_code(cfg.hasher), <uint64_t>cfg.seed)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def config(self):
+        """The frozen :class:`~grudge_stream.sketches.bloom.BloomConfig`."""
+        return self._config
+
+    @property
+    def seed(self):
+        return self._config.seed
+
+    @property
+    def capacity(self):
+        return self._config.capacity
+
+    @property
+    def fp_rate(self):
+        return self._config.fp_rate
+
+    @property
+    def generations(self):
+        return self._G
+
+    @property
+    def period_ms(self):
+        return self._config.period_ms
+
+    @property
+    def hashes(self):
+        """k, the indexes per key."""
+        return self._k
+
+    @property
+    def positions(self):
+        """m, the bit positions per generation."""
+        return self._m
+
+    @property
+    def clock(self):
+        return self._clock
+
+    @property
+    def rotations(self):
+        """Rotations so far (each period boundary crossed counts once, as does each
+        capacity-triggered rotation)."""
+        return self._rotations
+
+    @property
+    def period_index(self):
+        """floor(time / period_ms) of the latest operation, or None (no period, or no
+        operation yet)."""
+        return self._P if (self._started and self._period_ms) else None
+
+    def generation_counts(self):
+        """Inserts per generation, newest first."""
+        return [self._counts[(self._newest - i + self._G) % self._G] for i in range(self._G)]
+
+    def fill_ratios(self):
+        """Fraction of set bits per generation, newest first."""
+        return [<double>self._pops[(self._newest - i + self._G) % self._G] / <double>self._m for i in range(self._G)]
+
+    def memory_bytes(self):
+        """Bytes of the bit array (fixed at construction)."""
+        return self._nwords * 8
+
+    def approx_count(self):
+        """Estimated number of distinct keys held by the live generations together:
+        ``-(m / k) * ln(1 - U / m)`` with U the positions where any generation has a
+        bit set (the union of generations is itself a Bloom filter, as they share
+        their hashing). ``inf`` when every position is set."""
+        if self._union_pop >= self._m:
+            return math.inf
+        return -(<double>self._m / self._k) * math.log1p(-<double>self._union_pop / self._m)
+
+    def fp_rate_estimate(self):
+        """Probability that ``contains`` of a never-added key answers True right now:
+        ``1 - prod_g (1 - (X_g / m)**k)`` over the live generations (X_g = set bits)."""
+        cdef double keep = 1.0
+        cdef int g
+        for g in range(self._G):
+            keep *= 1.0 - pow(<double>self._pops[g] / self._m, <double>self._k)
+        return 1.0 - keep
+
+    def __repr__(self):
+        c = self._config
+        return (f"ForgettingBloom(capacity={c.capacity}, fp_rate={c.fp_rate}, generations={c.generations}, "
+                f"period_ms={c.period_ms}, seed={c.seed}, hasher={c.hasher!r})")
+
+    def __reduce__(self):
+        raise TypeError("ForgettingBloom is not picklable; use to_bytes() / from_bytes()")
+
+    # ------------------------------------------------------------------ generations
+
+    cdef inline uint64_t _genpat(self, int g) noexcept nogil:
+        return self._lowpat << g
+
+    cdef inline uint64_t _fold(self, uint64_t w) noexcept nogil:
+        """Bit 0 of each group := OR of the group's bits."""
+        cdef int s = 1
+        while s < (1 << self._lgw):
+            w |= w >> s
+            s <<= 1
+        return w & self._lowpat
+
+    cdef void _rotate(self) noexcept nogil:
+        """Clear the oldest generation; it becomes the newest."""
+        cdef int old = (self._newest + 1) % self._G
+        cdef uint64_t pat = self._genpat(old)
+        cdef uint64_t w, w2
+        cdef int64_t lost = 0
+        cdef Py_ssize_t i
+        cdef uint64_t* words = self._words
+        for i in range(self._nwords):
+            w = words[i]
+            if w & pat:
+                w2 = w & ~pat
+                lost += gb_popcount64(self._fold(w)) - gb_popcount64(self._fold(w2))
+                words[i] = w2
+        self._union_pop -= lost
+        self._pops[old] = 0
+        self._counts[old] = 0
+        self._newest = old
+        self._rotations += 1
+
+    cdef void _clear_all(self, int64_t r) noexcept nogil:
+        """r >= G rotations at once: every generation is cleared."""
+        cdef int g
+        memset(self._words, 0, <size_t>self._nwords * 8)
+        for g in range(self._G):
+            self._pops[g] = 0
+            self._counts[g] = 0
+        self._union_pop = 0
+        # newest == rotations mod G always; the count saturates (a jump of 2**63 periods).
+        self._rotations = INT64_MAX if r > INT64_MAX - self._rotations else self._rotations + r
+        self._newest = <int>(self._rotations % self._G)
+
+    cdef inline void _set_window(self) noexcept nogil:
+        if self._P >= INT64_MAX / self._period_ms:
+            self._win_hi = INT64_MAX
+        else:
+            self._win_hi = (self._P + 1) * self._period_ms
+
+    cdef void _advance(self, int64_t t) noexcept nogil:
+        """Event time t: rotate once per period boundary crossed since the latest time."""
+        cdef int64_t p = gs_floordiv(t, self._period_ms)
+        cdef int64_t r, i
+        if not self._started:
+            self._P = p
+            self._started = True
+            self._set_window()
+            return
+        if p <= self._P:
+            return
+        r = <int64_t>(<uint64_t>p - <uint64_t>self._P) if (<uint64_t>p - <uint64_t>self._P) < <uint64_t>INT64_MAX else INT64_MAX
+        if r >= self._G:
+            self._clear_all(r)
+        else:
+            for i in range(r):
+                self._rotate()
+        self._P = p
+        self._set_window()
+
+    cdef int64_t _now(self, object now_ms) except? -1:
+        cdef int64_t t
+        if now_ms is None:
+            if self._sysclock:
+                return gs_wall_ms()
+            now_ms = self._clock.now_ms()
+        if type(now_ms) is int:
+            try:
+                t = now_ms
+            except OverflowError:
+                raise InvalidInputError(f"now_ms must fit in a signed 64-bit integer, got {now_ms}") from None
+            return t
+        return time_value(now_ms)
+
+    cdef int _advance_to(self, object now_ms) except -1:
+        cdef int64_t t
+        if self._period_ms == 0:
+            if now_ms is not None:
+                self._now(now_ms)   # validated, then unused: rotation is by capacity only
+            return 0
+        t = self._now(now_ms)
+        if t >= self._win_hi:
+            self._advance(t)
+        return 0
+
+    cdef uint64_t _live_after(self, int64_t pending) noexcept nogil:
+        """Generation mask of what would still be live after `pending` rotations."""
+        cdef uint64_t mask = 0
+        cdef int64_t i
+        if pending <= 0:
+            return self._gmask
+        for i in range(self._G - pending if pending < self._G else 0):
+            mask |= 1ULL << ((self._newest - i + self._G) % self._G)
+        return mask
+
+    cdef uint64_t _read_mask(self, object now_ms) except? 0xFFFFFFFFFFFFFFFF:
+        """The live generations for a read at now_ms; reads never rotate (state is
+        unchanged) but do not see generations a rotation due by then would clear."""
+        cdef int64_t t, p
+        if self._period_ms == 0:
+            if now_ms is not None:
+                self._now(now_ms)
+            return self._gmask
+        t = self._now(now_ms)
+        if not self._started or t < self._win_hi:
+            return self._gmask
+        p = gs_floordiv(t, self._period_ms)
+        return self._live_after(p - self._P if p - self._P > 0 else INT64_MAX)
+
+    # ------------------------------------------------------------------ bits
+
+    cdef inline bint _probe(self, uint64_t h, uint64_t live) noexcept nogil:
+        """True when some generation in `live` has all k bits of h set."""
+        cdef uint64_t acc = live
+        cdef uint32_t i, idx
+        cdef int lgw = self._lgw, lgpw = self._lgpw
+        cdef uint32_t pwm = (1u << lgpw) - 1
+        for i in range(self._k):
+            idx = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
+            acc &= self._words[idx >> lgpw] >> ((idx & pwm) << lgw)
+            if (acc & live) == 0:
+                return False
+        return True
+
+    cdef inline void _insert(self, uint64_t h) noexcept nogil:
+        """Set h's k bits in the newest generation; count it as an insert when it set a
+        new bit, and rotate when the newest generation reaches capacity."""
+        cdef uint32_t i, idx, off
+        cdef int lgw = self._lgw, lgpw = self._lgpw
+        cdef uint32_t pwm = (1u << lgpw) - 1
+        cdef int g = self._newest
+        cdef uint64_t* wp
+        cdef uint64_t w, bit, grp
+        cdef int64_t newbits = 0, newunion = 0
+        for i in range(self._k):
+            idx = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
+            wp = self._words + (idx >> lgpw)
+            off = (idx & pwm) << lgw
+            w = wp[0]
+            bit = 1ULL << (off + g)
+            if (w & bit) == 0:
+                newbits += 1
+                if ((w >> off) & self._gmask) == 0:
+                    newunion += 1
+                wp[0] = w | bit
+        if newbits:
+            self._pops[g] += newbits
+            self._union_pop += newunion
+            self._counts[g] += 1
+            if <uint64_t>self._counts[g] >= self._capacity:
+                self._rotate()
+
+    cdef inline void _prefetch(self, uint64_t h) noexcept nogil:
+        cdef uint32_t i, idx
+        for i in range(self._k):
+            idx = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
+            gs_prefetch_w(self._words + (idx >> self._lgpw))
+
+    cdef void _run(self, int op, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
+                   uint8_t* out) noexcept nogil:
+        """op 0: add, 1: add_if_absent (out = was new), in order. The k word indexes of key
+        i + PF are computed into a ring and their lines prefetched while key i runs, so
+        the probe and the insert of key i reuse them from the ring and find them in cache."""
+        cdef uint32_t ring[PF * MAXK]
+        cdef uint32_t* slot
+        cdef uint32_t* offs
+        cdef uint64_t* words = self._words
+        cdef uint64_t magic = self._magic, gmask = self._gmask
+        cdef uint32_t m = self._m, pmask = self._pmask, k = self._k
+        cdef int lgw = self._lgw, lgpw = self._lgpw
+        cdef uint32_t pwm = (1u << lgpw) - 1
+        cdef int64_t win_hi = self._win_hi
+        cdef Py_ssize_t i, j
+        cdef uint32_t r, idx, off
+        cdef uint64_t acc, w, bit, h
+        cdef uint64_t* wp
+        cdef int g = self._newest
+        cdef int64_t newbits, newunion
+        for j in range(n if n < PF else PF):
+            slot = ring + j * MAXK
+            h = hs[j]
+            for r in range(k):
+                idx = gs_km_index_p(h, r, magic, m, pmask)
+                slot[r] = idx
+                gs_prefetch_w(words + (idx >> lgpw))
+        for i in range(n):
+            slot = ring + (i & (PF - 1)) * MAXK
+            if ts != NULL and ts[i] >= win_hi:
+                self._advance(ts[i])
+                win_hi = self._win_hi
+                g = self._newest
+            if op == 1:
+                acc = gmask
+                for r in range(k):
+                    idx = slot[r]
+                    acc &= words[idx >> lgpw] >> ((idx & pwm) << lgw)
+                    if (acc & gmask) == 0:
+                        break
+                out[i] = (acc & gmask) == 0
+            if op == 0 or (acc & gmask) == 0:
+                newbits = 0
+                newunion = 0
+                for r in range(k):
+                    idx = slot[r]
+                    wp = words + (idx >> lgpw)
+                    off = (idx & pwm) << lgw
+                    w = wp[0]
+                    bit = 1ULL << (off + <uint32_t>g)
+                    if (w & bit) == 0:
+                        newbits += 1
+                        if ((w >> off) & gmask) == 0:
+                            newunion += 1
+                        wp[0] = w | bit
+                if newbits:
+                    self._pops[g] += newbits
+                    self._union_pop += newunion
+                    self._counts[g] += 1
+                    if <uint64_t>self._counts[g] >= self._capacity:
+                        self._rotate()
+                        g = self._newest
+            j = i + PF
+            if j < n:
+                h = hs[j]
+                for r in range(k):
+                    idx = gs_km_index_p(h, r, magic, m, pmask)
+                    slot[r] = idx
+                    gs_prefetch_w(words + (idx >> lgpw))
+
+    cdef void _run_contains(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
+                            uint64_t live0, uint8_t* out) noexcept nogil:
+        cdef Py_ssize_t i
+        cdef uint64_t live
+        cdef int64_t p
+        for i in range(n if n < PF else PF):
+            self._prefetch(hs[i])
+        for i in range(n):
+            live = live0
+            if ts != NULL and self._started and ts[i] >= self._win_hi:
+                p = gs_floordiv(ts[i], self._period_ms)
+                live = self._live_after(p - self._P)
+            out[i] = self._probe(hs[i], live) if live else False
+            if i + PF < n:
+                self._prefetch(hs[i + PF])
+
+    # ------------------------------------------------------------------ single-key API
+
+    def add(self, key, now_ms=None):
+        """Insert ``key`` into the newest generation (refreshing it if it was only in an
+        older one). Only insert keys a backend accepted when used as a cache."""
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        self._advance_to(now_ms)
+        self._insert(h)
+
+    def contains(self, key, now_ms=None):
+        """True when some live generation holds ``key`` (false positives possible, false
+        negatives not). A read: it rotates nothing, but ignores generations that a
+        rotation due at ``now_ms`` would clear."""
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef uint64_t live = self._read_mask(now_ms)
+        return self._probe(h, live) if live else False
+
+    def __contains__(self, key):
+        return self.contains(key)
+
+    def add_if_absent(self, key, now_ms=None):
+        """Streaming dedup: True (and insert) when ``key`` is in no live generation;
+        False (no insert, no refresh) when it is, or looks like it is (a false positive)."""
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        self._advance_to(now_ms)
+        if self._probe(h, self._gmask):
+            return False
+        self._insert(h)
+        return True
+
+    # ------------------------------------------------------------------ batch API
+
+    cdef tuple _batch(self, keys, now_ms):
+        hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
+        cdef uint64_t[::1] hv
+        if hashes is None:
+            hashes = np.empty(len(source), dtype=np.uint64)
+            hv = hashes
+            if hv.shape[0]:
+                hash_items(&self._hasher, source, &hv[0], hv.shape[0])
+        n = hashes.shape[0]
+        if self._period_ms == 0:
+            if now_ms is not None:
+                prepare_times(now_ms, n)
+            return hashes, None, None
+        t0, tarr = prepare_times(now_ms, n)
+        if tarr is None:
+            return hashes, (self._now(None) if t0 is None else t0), None
+        return hashes, None, tarr
+
+    def add_many(self, keys, now_ms=None):
+        """Batch twin of :meth:`add` (same as the single adds in order). ``keys``: a
+        list/tuple of bytes/str, a 2-D uint8 array of fixed-width keys, or a uint64
+        array of pre-hashed keys; ``now_ms``: None, one time, or one per key."""
+        hashes, t0, tarr = self._batch(keys, now_ms)
+        self._run_batch(0, hashes, t0, tarr, None)
+
+    def add_if_absent_many(self, keys, now_ms=None):
+        """Batch twin of :meth:`add_if_absent`: a bool array, True where the key was new
+        (a key repeated within the batch is new only the first time)."""
+        hashes, t0, tarr = self._batch(keys, now_ms)
+        out = np.zeros(hashes.shape[0], dtype=np.bool_)
+        self._run_batch(1, hashes, t0, tarr, out)
+        return out
+
+    cdef _run_batch(self, int op, hashes, t0, tarr, out):
+        cdef const uint64_t[::1] hv = hashes
+        cdef const int64_t[::1] tv
+        cdef const int64_t* tp = NULL
+        cdef uint8_t[::1] ov
+        cdef uint8_t* op_out = NULL
+        cdef Py_ssize_t n = hv.shape[0]
+        if t0 is not None:
+            self._advance_to(t0)
+        if n == 0:
+            return
+        if tarr is not None:
+            tv = tarr
+            tp = &tv[0]
+        if out is not None:
+            ov = out.view(np.uint8)
+            op_out = &ov[0]
+        with nogil:
+            self._run(op, &hv[0], n, tp, op_out)
+
+    def contains_many(self, keys, now_ms=None):
+        """Batch twin of :meth:`contains`: a bool array."""
+        hashes, t0, tarr = self._batch(keys, now_ms)
+        cdef const uint64_t[::1] hv = hashes
+        cdef const int64_t[::1] tv
+        cdef const int64_t* tp = NULL
+        cdef Py_ssize_t n = hv.shape[0]
+        out = np.zeros(n, dtype=np.bool_)
+        cdef uint8_t[::1] ov = out.view(np.uint8)
+        cdef uint64_t live0 = self._gmask
+        if t0 is not None:
+            live0 = self._read_mask(t0)
+        if n == 0:
+            return out
+        if tarr is not None:
+            tv = tarr
+            tp = &tv[0]
+        with nogil:
+            self._run_contains(&hv[0], n, tp, live0, &ov[0])
+        return out
+
+    # ------------------------------------------------------------------ merge
+
+    def merge(self, ForgettingBloom other not None):
+        """Union ``other`` into this filter: identical config and seed, and aligned
+        generations (same number of rotations, same period when both have seen time),
+        else MismatchError. Generation g of the result holds both inputs' generation g,
+        so every key present in either input is present in the result."""
+        cdef Py_ssize_t i
+        cdef int g
+        cdef uint64_t* a = self._words
+        cdef uint64_t* b = other._words
+        if other._config != self._config:
+            raise MismatchError(
+                f"cannot merge Bloom filters with different configs: {self._config} vs {other._config}")
+        if other._rotations != self._rotations or (
+                self._period_ms and self._started and other._started and self._P != other._P):
+            raise MismatchError(
+                f"cannot merge Bloom filters whose generations are not aligned (rotations "
+                f"{self._rotations} vs {other._rotations}, period index {self.period_index} vs "
+                f"{other.period_index}). Operator action: merge snapshots taken at the same period.")
+        with nogil:
+            for i in range(self._nwords):
+                a[i] |= b[i]
+        self._recount()
+        for g in range(self._G):
+            c = self._counts[g] + other._counts[g]
+            self._counts[g] = min(c, self._config.capacity, self._pops[g])
+        if not self._started and other._started:
+            self._started = True
+            self._P = other._P
+            if self._period_ms:
+                self._set_window()
+        if <uint64_t>self._counts[self._newest] >= self._capacity:
+            self._rotate()
+
+    cdef _recount(self):
+        """Recompute per-generation popcounts and the union popcount from the bits."""
+        cdef int g
+        cdef Py_ssize_t i
+        cdef uint64_t w
+        cdef int64_t u = 0
+        for g in range(self._G):
+            self._pops[g] = 0
+        for i in range(self._nwords):
+            w = self._words[i]
+            if w:
+                u += gb_popcount64(self._fold(w))
+                for g in range(self._G):
+                    self._pops[g] += gb_popcount64(w & self._genpat(g))
+        self._union_pop = u
+
+    # ------------------------------------------------------------------ snapshots
+
+    def to_bytes(self):
+        """Serialize: envelope + JSON header (config, sizing, generation state) +
+        the little-endian bit array (docs/forgetting-bloom.md)."""
+        header = self._config.to_dict()
+        header.update(self._state_header())
+        bits = np.asarray(<uint64_t[:self._nwords]>self._words).astype("<u8", copy=False).tobytes()
+        return pack(KIND_FORGETTING_BLOOM, header, bits)
+
+    cdef dict _state_header(self):
+        return {
+            "positions": self._m,
+            "hashes": self._k,
+            "newest": self._newest,
+            "rotations": self._rotations,
+            "period_index": self._P if self._started else None,
+            "counts": [self._counts[g] for g in range(self._G)],
+            "popcounts": [self._pops[g] for g in range(self._G)],
+            "union_popcount": self._union_pop,
+        }
+
+    @classmethod
+    def from_bytes(cls, data, *, clock=None):
+        """Restore a filter from :meth:`to_bytes`; anything truncated, corrupted, of
+        another kind or version, or violating an invariant raises SnapshotError."""
+        header, payload = unpack(data, KIND_FORGETTING_BLOOM)
+        cfg_fields = {"capacity", "fp_rate", "generations", "period_ms", "seed", "hasher"}
+        state_fields = {"positions", "hashes", "newest", "rotations", "period_index", "counts",
+                        "popcounts", "union_popcount"}
+        if set(header) != cfg_fields | state_fields:
+            raise SnapshotError(f"ForgettingBloom snapshot header has fields {sorted(header)}, "
+                                f"expected {sorted(cfg_fields | state_fields)}")
+        if type(header["fp_rate"]) is not float:
+            raise SnapshotError("ForgettingBloom snapshot fp_rate is not a float")
+        try:
+            cfg = _config_module().BloomConfig(**{k: header[k] for k in cfg_fields})
+        except (ConfigError, TypeError) as exc:
+            raise SnapshotError(f"ForgettingBloom snapshot holds an invalid config: {exc}") from None
+        cdef ForgettingBloom self = ForgettingBloom.__new__(ForgettingBloom)
+        self._setup(cfg, clock)
+        self._load(header, payload)
+        return self
+
+    cdef _load(self, dict header, payload):
+        cdef int g
+        cdef Py_ssize_t i
+        cdef uint64_t unused
+        def is_int(v, lo, hi):
+            return type(v) is int and lo <= v <= hi
+        if header["positions"] != self._m or header["hashes"] != self._k:
+            raise SnapshotError(
+                f"ForgettingBloom snapshot was sized as m={header['positions']}, k={header['hashes']}; "
+                f"this release sizes the same config as m={self._m}, k={self._k}")
+        G = self._G
+        if not is_int(header["rotations"], 0, INT64_MAX):
+            raise SnapshotError("ForgettingBloom snapshot rotations is not a non-negative integer")
+        if not is_int(header["newest"], 0, G - 1) or header["newest"] != header["rotations"] % G:
+            raise SnapshotError("ForgettingBloom snapshot newest generation is inconsistent with its rotations")
+        pidx = header["period_index"]
+        if pidx is not None and (not self._period_ms or not is_int(pidx, -(1 << 63), (1 << 63) - 1)):
+            raise SnapshotError("ForgettingBloom snapshot period_index is invalid")
+        counts, pops = header["counts"], header["popcounts"]
+        if (type(counts) is not list or type(pops) is not list or len(counts) != G or len(pops) != G):
+            raise SnapshotError(f"ForgettingBloom snapshot needs {G} counts and popcounts")
+        if payload.nbytes != self._nwords * 8:
+            raise SnapshotError(f"ForgettingBloom payload is {payload.nbytes} bytes, expected {self._nwords * 8}")
+        bits = np.frombuffer(payload, dtype="<u8").astype(np.uint64)
+        cdef const uint64_t[::1] bv = bits
+        # Bits of generation slots >= G (groups wider than G) must be zero.
+        unused = 0
+        for g in range(G, 1 << self._lgw):
+            unused |= self._genpat(g)
+        for i in range(self._nwords):
+            if bv[i] & unused:
+                raise SnapshotError("ForgettingBloom snapshot sets bits of generations that do not exist")
+            self._words[i] = bv[i]
+        self._recount()
+        for g in range(G):
+            if not is_int(counts[g], 0, self._config.capacity) or pops[g] != self._pops[g]:
+                raise SnapshotError(f"ForgettingBloom generation {g} state does not match its bits")
+            if counts[g] > self._pops[g]:
+                raise SnapshotError(f"ForgettingBloom generation {g} counts more inserts than set bits")
+            self._counts[g] = counts[g]
+        if header["union_popcount"] != self._union_pop:
+            raise SnapshotError("ForgettingBloom snapshot union popcount does not match its bits")
+        if counts[header["newest"]] >= self._config.capacity:
+            raise SnapshotError("ForgettingBloom newest generation is at capacity (it should have rotated)")
+        if self._period_ms and pidx is None and (self._union_pop or header["rotations"]):
+            raise SnapshotError("ForgettingBloom snapshot has content but no period index")
+        self._newest = header["newest"]
+        self._rotations = header["rotations"]
+        if pidx is not None:
+            self._P = pidx
+            self._started = True
+            self._set_window()

@@ -1,0 +1,1134 @@
+# DecayingCountMin kernel: depth x width packed uint32 cells (epoch stamp in the
+# high 32-counter_bits bits, saturating counter in the low counter_bits bits),
+# halving per idle epoch, lazily on touch; optional top-k candidate set.
+# Design, invariants and byte format: docs/count-min.md.
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t, INT64_MAX
+from libc.stdlib cimport free
+from libc.string cimport memset
+from cpython.long cimport PyLong_CheckExact
+cimport numpy as cnp
+import numpy as np
+import struct
+
+from ghash cimport Hasher, make_hasher, hash_key
+from gkeys cimport hash_items
+
+from grudge_stream._cyext._hashing import algorithm_code
+from grudge_stream.clock import SystemClock, default_clock
+from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
+from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
+from grudge_stream.sketches._inputs import (count_value, key_at, prepare_counts, prepare_keys,
+                                            prepare_times, time_value)
+
+cnp.import_array()
+
+cdef extern from "gsketch.h" nogil:
+    uint64_t gs_fastmod_magic(uint32_t d)
+    uint32_t gs_km_index(uint64_t h, uint32_t i, uint64_t magic, uint32_t d)
+    uint32_t gs_km_index_p(uint64_t h, uint32_t i, uint64_t magic, uint32_t d, uint32_t pmask)
+    void gs_prefetch_w(const void* p)
+    void gs_prefetch_r(const void* p)
+    void* gs_alloc_zeroed(size_t n)
+    int64_t gs_wall_ms()
+    int64_t gs_floordiv(int64_t a, int64_t b)
+
+cdef enum:
+    MAX_DEPTH = 32      # mirrors grudge_stream.sketches.countmin.MAX_DEPTH
+    PF = 8              # prefetch distance in events (power of two): ~8 events of 4 rows
+                        # keep ~32 cache misses in flight, enough to hide DRAM/L3 latency
+    NOT_DIRTY = -2      # top-k slot key source: untouched in this batch
+    SRC_NONE = -1       # top-k slot key source: pre-hashed key (no key object)
+
+cdef object _cfgmod = None
+
+
+cdef object _config_module():
+    global _cfgmod
+    if _cfgmod is None:
+        from grudge_stream.sketches import countmin
+        _cfgmod = countmin
+    return _cfgmod
+
+
+cdef inline uint32_t _decayed(uint32_t cell, uint32_t emod, int cbits, uint32_t cmask,
+                              uint32_t smask) noexcept nogil:
+    """The counter of `cell` decayed to the epoch whose stamp is `emod`.
+
+    Valid only for cells whose true stamp lies in [base_epoch, epoch] (the sketch
+    invariant, so the modular idle time is the true one) or whose counter is 0."""
+    cdef uint32_t g = (emod - (cell >> cbits)) & smask
+    return ((cell & cmask) >> g) if g < <uint32_t>cbits else 0
+
+
+cdef inline uint32_t _shifted(uint32_t v, uint64_t g) noexcept nogil:
+    return (v >> g) if g < 32 else 0
+
+
+cdef class DecayingCountMin:
+    """DecayingCountMin(*, depth=4, width=65536, epoch_ms=1000, counter_bits=24, seed=0,
+    hasher="murmur3", top_k=0, clock=None)
+
+    A count-min sketch of decaying counts: "what is hot right now".
+
+    ``depth x width`` packed uint32 cells (the default 4 x 65536 is exactly 1 MiB).
+    Each cell holds an epoch stamp (high ``32 - counter_bits`` bits) and a
+    saturating counter (low ``counter_bits`` bits, max ``2**counter_bits - 1``).
+    The epoch is ``floor(now_ms / epoch_ms)`` of event time, or advances with
+    :meth:`tick` when ``epoch_ms=None``. A cell idle for ``g`` epochs is shifted
+    right by ``g`` when next touched, so counts halve per idle epoch and a cell
+    idle ``counter_bits`` epochs or more reads 0, however long it was idle.
+
+    Parameters
+    ----------
+    depth, width: rows (1..32) and cells per row; memory ``4 * depth * width`` bytes.
+    epoch_ms: epoch length in ms of event time, or None for manual :meth:`tick`.
+    counter_bits: counter width (4..27); the stamp field gets the rest of 32 bits.
+    seed, hasher: hashing (``"murmur3"`` or ``"siphash"``, use siphash for keys an
+        attacker chooses); rows use Kirsch-Mitzenmacher indexes of one 64-bit hash.
+    top_k: size N of the heavy-hitter candidate set behind :meth:`top` (0 = off);
+        adds ``32 * N + 4 * table`` bytes (table = next power of two >= 2N).
+    clock: where ``now_ms`` is read when omitted (default the system clock).
+
+    Error guarantee: with ``(epsilon, delta) = (e / width, e**-depth)``, an estimate
+    never undercounts the key's own decayed count (unless a counter saturated) and
+    exceeds it by more than ``epsilon * N`` (N = total decayed weight) with
+    probability at most ``delta``. Size it with
+    :func:`grudge_stream.sketches.countmin.countmin_dimensions`.
+    """
+
+    cdef uint32_t* _cells
+    cdef Py_ssize_t _ncells
+    cdef uint32_t _depth, _width
+    cdef uint64_t _magic
+    cdef uint32_t _pmask            # width - 1 when width is a power of two >= 2, else 0
+    cdef int _cbits
+    cdef uint32_t _cmask, _smask
+    cdef int64_t _epoch_ms          # 0 in manual mode
+    cdef int64_t _E                 # current epoch: max epoch seen (time never runs backwards)
+    cdef int64_t _S                 # base epoch: every nonzero cell's true stamp is in [S, E]
+    cdef int64_t _win_hi            # first ms of epoch E + 1 (event mode)
+    cdef bint _started
+    cdef Hasher _hasher
+    cdef object _clock
+    cdef bint _sysclock
+    cdef object _config
+    # top-k candidate set: slots 0.._hsize-1, a binary min-heap over slots ordered by
+    # (value, hash), and an open-addressing (linear probing) table hash -> slot.
+    cdef int32_t _topn, _hsize
+    cdef uint64_t* _thash
+    cdef uint32_t* _tval            # estimate at the last touch, decayed to epoch E
+    cdef int32_t* _heap
+    cdef int32_t* _tpos
+    cdef int32_t* _table
+    cdef uint32_t _tmask
+    cdef int _tshift
+    cdef int64_t* _tsrc
+    cdef int32_t* _dirty
+    cdef int32_t _ndirty
+    cdef list _tkeys
+
+    def __cinit__(self, *args, **kwargs):
+        self._cells = NULL
+        self._thash = NULL
+        self._tval = NULL
+        self._heap = NULL
+        self._tpos = NULL
+        self._table = NULL
+        self._tsrc = NULL
+        self._dirty = NULL
+
+    def __dealloc__(self):
+        free(self._cells)
+        free(self._thash)
+        free(self._tval)
+        free(self._heap)
+        free(self._tpos)
+        free(self._table)
+        free(self._tsrc)
+        free(self._dirty)
+
+    def __init__(self, *, depth=4, width=65_536, epoch_ms=1_000, counter_bits=24, seed=0,
+                 hasher="murmur3", top_k=0, clock=None):
+        cfg = _config_module().CountMinConfig(
+            depth=depth, width=width, epoch_ms=epoch_ms, counter_bits=counter_bits,
+            seed=seed, hasher=hasher, top_k=top_k)
+        self._setup(cfg, clock)
+
+    cdef _setup(self, cfg, clock):
+        cdef Py_ssize_t i, tsize
+        if self._cells != NULL:
+            raise RuntimeError("DecayingCountMin is already initialised")
+        if clock is None:
+            clock = default_clock()
+        elif not callable(getattr(clock, "now_ms", None)):
+            raise ConfigError("clock must have a now_ms() method (see grudge_stream.clock)")
+        self._config = cfg
+        self._clock = clock
+        self._sysclock = type(clock) is SystemClock
+        self._depth = cfg.depth
+        self._width = cfg.width
+        self._magic = gs_fastmod_magic(self._width)
+        self._pmask = (self._width - 1) if (self._width >= 2 and (self._width & (self._width - 1)) == 0) else 0
+        self._ncells = <Py_ssize_t>self._depth * <Py_ssize_t>self._width
+        self._cbits = cfg.counter_bits
+        self._cmask = (1u << self._cbits) - 1u
+        self._smask = (1u << (32 - self._cbits)) - 1u
+        self._epoch_ms = 0 if cfg.epoch_ms is None else cfg.epoch_ms
+        self._hasher = make_hasher(algorithm_code(cfg.hasher), <uint64_t>cfg.seed)
+        self._cells = <uint32_t*>gs_alloc_zeroed(<size_t>self._ncells * 4)
+        if self._cells == NULL:
+            raise MemoryError(f"cannot allocate {self._ncells * 4} bytes of count-min cells")
+        # Manual epochs start at epoch 0; event epochs start at the first operation.
+        self._E = 0
+        self._S = 0
+        self._started = self._epoch_ms == 0
+        self._win_hi = -INT64_MAX - 1
+        self._topn = cfg.top_k
+        self._hsize = 0
+        self._ndirty = 0
+        self._tkeys = [None] * self._topn
+        if self._topn:
+            tsize = 8
+            self._tshift = 61
+            while tsize < 2 * self._topn:
+                tsize <<= 1
+                self._tshift -= 1
+            self._tmask = <uint32_t>(tsize - 1)
+            self._thash = <uint64_t*>gs_alloc_zeroed(8 * <size_t>self._topn)
+            self._tval = <uint32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
+            self._heap = <int32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
+            self._tpos = <int32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
+            self._tsrc = <int64_t*>gs_alloc_zeroed(8 * <size_t>self._topn)
+            self._dirty = <int32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
+            self._table = <int32_t*>gs_alloc_zeroed(4 * <size_t>tsize)
+            if (self._thash == NULL or self._tval == NULL or self._heap == NULL or self._tpos == NULL
+                    or self._tsrc == NULL or self._dirty == NULL or self._table == NULL):
+                raise MemoryError("cannot allocate the top-k candidate set")
+            for i in range(tsize):
+                self._table[i] = -1
+            for i in range(self._topn):
+                self._tsrc[i] = NOT_DIRTY
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def config(self):
+        """The frozen :class:`~grudge_stream.sketches.countmin.CountMinConfig`."""
+        return self._config
+
+    @property
+    def seed(self):
+        return self._config.seed
+
+    @property
+    def depth(self):
+        return self._depth
+
+    @property
+    def width(self):
+        return self._width
+
+    @property
+    def epoch_ms(self):
+        return self._config.epoch_ms
+
+    @property
+    def counter_bits(self):
+        return self._cbits
+
+    @property
+    def top_k(self):
+        return self._topn
+
+    @property
+    def max_count(self):
+        """The saturation value of a counter: ``2**counter_bits - 1``."""
+        return self._cmask
+
+    @property
+    def clock(self):
+        return self._clock
+
+    @property
+    def epoch(self):
+        """The sketch's current epoch (the largest seen), or None before the first
+        event-time operation."""
+        return self._E if self._started else None
+
+    @property
+    def base_epoch(self):
+        """Every nonzero cell was stamped in ``[base_epoch, epoch]`` (see docs)."""
+        return self._S if self._started else None
+
+    def parameters(self):
+        """``(epsilon, delta) = (e / width, e**-depth)`` as a named tuple."""
+        return self._config.parameters
+
+    def error_bound(self, n):
+        """The additive overcount bound ``epsilon * n`` for a stream of total (decayed)
+        weight ``n``; it holds for each key with probability at least ``1 - delta``."""
+        cdef double nv = float(n)
+        if not (nv >= 0.0) or nv == float("inf"):
+            raise InvalidInputError(f"n must be a finite non-negative number, got {n!r}")
+        return self._config.parameters.epsilon * nv
+
+    def memory_bytes(self):
+        """Bytes of fixed memory: cells plus the top-k candidate arrays (not the key objects)."""
+        return _config_module().countmin_memory_bytes(self._depth, self._width, self._topn)
+
+    def __repr__(self):
+        c = self._config
+        return (f"DecayingCountMin(depth={c.depth}, width={c.width}, epoch_ms={c.epoch_ms}, "
+                f"counter_bits={c.counter_bits}, seed={c.seed}, hasher={c.hasher!r}, top_k={c.top_k})")
+
+    def __reduce__(self):
+        raise TypeError("DecayingCountMin is not picklable; use to_bytes() / from_bytes()")
+
+    # ------------------------------------------------------------------ epochs
+
+    cdef inline void _set_window(self) noexcept nogil:
+        if self._epoch_ms == 0:
+            return
+        if self._E >= INT64_MAX / self._epoch_ms:
+            self._win_hi = INT64_MAX
+        else:
+            self._win_hi = (self._E + 1) * self._epoch_ms
+
+    cdef void _sweep(self) noexcept nogil:
+        """Re-stamp every cell at the current epoch E (decaying it): afterwards S = E."""
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & self._smask
+        cdef uint32_t stamp = emod << self._cbits
+        cdef uint32_t v
+        cdef Py_ssize_t i
+        cdef uint32_t* cells = self._cells
+        for i in range(self._ncells):
+            v = _decayed(cells[i], emod, self._cbits, self._cmask, self._smask)
+            cells[i] = (stamp | v) if v else 0
+        self._S = self._E
+
+    cdef void _advance(self, int64_t e) noexcept nogil:
+        """Move the sketch to epoch e if it is newer (older epochs change nothing)."""
+        cdef uint64_t d
+        if not self._started:
+            self._E = e
+            self._S = e
+            self._started = True
+            self._set_window()
+            return
+        if e <= self._E:
+            return
+        d = <uint64_t>e - <uint64_t>self._E
+        if <uint64_t>e - <uint64_t>self._S > self._smask:
+            # Epoch e would be 2**stamp_bits or more after the oldest possible stamp, so
+            # modular stamps would become ambiguous: re-base first.
+            if d >= <uint64_t>self._cbits:
+                memset(self._cells, 0, <size_t>self._ncells * 4)   # everything decays to 0
+                self._S = e
+            else:
+                self._sweep()                                      # S = E, and e - E < cbits
+        self._E = e
+        self._set_window()
+        if self._hsize:
+            self._topk_decay(d)
+
+    cdef int64_t _now(self, object now_ms) except? -1:
+        """now_ms as int64 ms (reading the clock when None)."""
+        cdef int64_t t
+        if now_ms is None:
+            if self._sysclock:
+                return gs_wall_ms()
+            now_ms = self._clock.now_ms()
+        if PyLong_CheckExact(now_ms):
+            try:
+                t = now_ms
+            except OverflowError:
+                raise InvalidInputError(f"now_ms must fit in a signed 64-bit integer, got {now_ms}") from None
+            return t
+        return time_value(now_ms)
+
+    cdef inline int64_t _epoch_of(self, int64_t t) noexcept nogil:
+        return gs_floordiv(t, self._epoch_ms)
+
+    cdef int _advance_to_time(self, object now_ms) except -1:
+        if self._epoch_ms == 0:
+            if now_ms is not None:
+                self._now(now_ms)   # validated, then ignored: manual epochs move with tick()
+            return 0
+        cdef int64_t t = self._now(now_ms)
+        if t >= self._win_hi:
+            self._advance(self._epoch_of(t))
+        return 0
+
+    cdef int64_t _query_epoch(self, object now_ms) except? -1:
+        """The epoch a read evaluates at: max(E, epoch(now_ms)); reads never move E."""
+        cdef int64_t t, e
+        if self._epoch_ms == 0:
+            if now_ms is not None:
+                self._now(now_ms)
+            return self._E
+        t = self._now(now_ms)
+        e = self._epoch_of(t)
+        if not self._started or e > self._E:
+            return e
+        return self._E
+
+    def tick(self, epochs=1):
+        """Advance a manual-epoch sketch (``epoch_ms=None``) by ``epochs`` (>= 0) epochs."""
+        if self._epoch_ms != 0:
+            raise ConfigError("tick() is for manual epochs (epoch_ms=None); this sketch "
+                              f"derives epochs from event time (epoch_ms={self._epoch_ms})")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) and not hasattr(epochs, "__index__"):
+            raise InvalidInputError(f"epochs must be a non-negative integer, got {epochs!r}")
+        n = epochs.__index__()
+        if n < 0:
+            raise InvalidInputError(f"epochs must be non-negative, got {n}")
+        if self._E + n > INT64_MAX:
+            raise InvalidInputError("epoch counter would overflow a signed 64-bit integer")
+        self._advance(self._E + <int64_t>n)
+        return self._E
+
+    # ------------------------------------------------------------------ cells
+
+    cdef inline uint32_t _estimate(self, uint64_t h, int64_t q) noexcept nogil:
+        """min over rows of the key's counters decayed to epoch q >= E (no write)."""
+        cdef uint64_t extra
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & self._smask
+        cdef uint32_t est = 0xFFFFFFFFu, v, g, c
+        cdef uint32_t r, idx
+        if not self._started:
+            return 0
+        extra = <uint64_t>q - <uint64_t>self._E
+        if extra >= <uint64_t>self._cbits:
+            return 0
+        for r in range(self._depth):
+            idx = gs_km_index_p(h, r, self._magic, self._width, self._pmask)
+            c = self._cells[<Py_ssize_t>r * self._width + idx]
+            g = ((emod - (c >> self._cbits)) & self._smask) + <uint32_t>extra
+            v = ((c & self._cmask) >> g) if g < <uint32_t>self._cbits else 0
+            if v < est:
+                est = v
+        return est
+
+    cdef inline uint32_t _bump(self, uint64_t h, uint64_t w) noexcept nogil:
+        """Decay the key's cells to E, add w (saturating); return the new estimate."""
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & self._smask
+        cdef uint32_t stamp = emod << self._cbits
+        cdef uint32_t est = 0xFFFFFFFFu, v, r, idx
+        cdef uint32_t* p
+        if w > self._cmask:
+            w = self._cmask
+        for r in range(self._depth):
+            idx = gs_km_index_p(h, r, self._magic, self._width, self._pmask)
+            p = self._cells + <Py_ssize_t>r * self._width + idx
+            v = _decayed(p[0], emod, self._cbits, self._cmask, self._smask) + <uint32_t>w
+            if v > self._cmask:
+                v = self._cmask
+            p[0] = stamp | v
+            if v < est:
+                est = v
+        return est
+
+    cdef void _run_increment(self, const uint64_t* hs, Py_ssize_t n, const uint64_t* ws,
+                             uint64_t w0, const int64_t* ts) noexcept nogil:
+        """The general batch loop: events in order, with per-event weights (ws), times (ts)
+        and the candidate set. Cells of event i + PF are prefetched while event i runs."""
+        cdef uint32_t* cells = self._cells
+        cdef uint32_t depth = self._depth, width = self._width
+        cdef uint64_t magic = self._magic
+        cdef uint32_t pmask = self._pmask
+        cdef int cbits = self._cbits
+        cdef uint32_t cmask = self._cmask, smask = self._smask
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef uint32_t stamp = emod << cbits
+        cdef int64_t win_hi = self._win_hi
+        cdef bint topk = self._topn > 0
+        cdef Py_ssize_t i, j
+        cdef uint32_t r, v, est, c, g, w
+        cdef uint32_t* p
+        cdef uint32_t* row
+        cdef uint64_t h
+        cdef int32_t adm
+        if w0 > cmask:
+            w0 = cmask
+        w = <uint32_t>w0
+        for j in range(n if n < PF else PF):
+            h = hs[j]
+            row = cells
+            for r in range(depth):
+                gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
+                row += width
+        for i in range(n):
+            if ts != NULL and ts[i] >= win_hi:
+                self._advance(self._epoch_of(ts[i]))
+                emod = <uint32_t>(<uint64_t>self._E) & smask
+                stamp = emod << cbits
+                win_hi = self._win_hi
+            if ws != NULL:
+                w = cmask if ws[i] > cmask else <uint32_t>ws[i]
+            h = hs[i]
+            row = cells
+            est = 0xFFFFFFFFu
+            for r in range(depth):
+                p = row + gs_km_index_p(h, r, magic, width, pmask)
+                c = p[0]
+                g = (emod - (c >> cbits)) & smask
+                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                v = v + w
+                if v > cmask:
+                    v = cmask
+                p[0] = stamp | v
+                if v < est:
+                    est = v
+                row += width
+            if topk:
+                adm = self._topk_touch(h, est)
+                if adm >= 0:
+                    self._mark_dirty(adm, i)
+            if i + PF < n:
+                h = hs[i + PF]
+                row = cells
+                for r in range(depth):
+                    gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
+                    row += width
+
+    cdef void _run_plain(self, const uint64_t* hs, Py_ssize_t n, uint32_t w) noexcept nogil:
+        """The common batch: one weight, one epoch, no candidate set; indexes are
+        recomputed rather than buffered (cheaper than a ring at this size)."""
+        cdef uint32_t* cells = self._cells
+        cdef uint32_t depth = self._depth, width = self._width
+        cdef uint64_t magic = self._magic
+        cdef uint32_t pmask = self._pmask
+        cdef int cbits = self._cbits
+        cdef uint32_t cmask = self._cmask, smask = self._smask
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef uint32_t stamp = emod << cbits
+        cdef Py_ssize_t i, j
+        cdef uint32_t r, v, c, g
+        cdef uint32_t* p
+        cdef uint32_t* row
+        cdef uint64_t h
+        for j in range(n if n < PF else PF):
+            h = hs[j]
+            row = cells
+            for r in range(depth):
+                gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
+                row += width
+        for i in range(n):
+            h = hs[i]
+            row = cells
+            for r in range(depth):
+                p = row + gs_km_index_p(h, r, magic, width, pmask)
+                c = p[0]
+                g = (emod - (c >> cbits)) & smask
+                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                v = v + w
+                p[0] = stamp | (v if v < cmask else cmask)
+                row += width
+            if i + PF < n:
+                h = hs[i + PF]
+                row = cells
+                for r in range(depth):
+                    gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
+                    row += width
+
+    cdef void _run_query(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
+                         int64_t q0, int64_t* out) noexcept nogil:
+        cdef uint32_t* cells = self._cells
+        cdef uint32_t depth = self._depth, width = self._width
+        cdef uint64_t magic = self._magic
+        cdef uint32_t pmask = self._pmask
+        cdef int cbits = self._cbits
+        cdef uint32_t cmask = self._cmask, smask = self._smask
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef int64_t win_hi = self._win_hi
+        cdef uint64_t extra0 = <uint64_t>q0 - <uint64_t>self._E
+        cdef uint64_t extra
+        cdef Py_ssize_t i, j
+        cdef uint32_t r, v, est, c, g
+        cdef uint32_t* row
+        cdef uint64_t h
+        if not self._started:
+            for i in range(n):
+                out[i] = 0
+            return
+        for j in range(n if n < PF else PF):
+            h = hs[j]
+            row = cells
+            for r in range(depth):
+                gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
+                row += width
+        for i in range(n):
+            extra = extra0
+            if ts != NULL:
+                extra = 0
+                if ts[i] >= win_hi:
+                    extra = <uint64_t>self._epoch_of(ts[i]) - <uint64_t>self._E
+            if extra >= <uint64_t>cbits:
+                est = 0
+            else:
+                h = hs[i]
+                row = cells
+                est = 0xFFFFFFFFu
+                for r in range(depth):
+                    c = row[gs_km_index_p(h, r, magic, width, pmask)]
+                    g = ((emod - (c >> cbits)) & smask) + <uint32_t>extra
+                    v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                    if v < est:
+                        est = v
+                    row += width
+            out[i] = est
+            if i + PF < n:
+                h = hs[i + PF]
+                row = cells
+                for r in range(depth):
+                    gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
+                    row += width
+
+    # ------------------------------------------------------------------ top-k internals
+
+    cdef inline bint _tless(self, int32_t a, int32_t b) noexcept nogil:
+        """Heap order: (value, hash) ascending, a total order so the evicted minimum
+        does not depend on the heap's layout."""
+        if self._tval[a] != self._tval[b]:
+            return self._tval[a] < self._tval[b]
+        return self._thash[a] < self._thash[b]
+
+    cdef void _sift_up(self, int32_t pos) noexcept nogil:
+        cdef int32_t s = self._heap[pos], parent
+        while pos > 0:
+            parent = (pos - 1) >> 1
+            if not self._tless(s, self._heap[parent]):
+                break
+            self._heap[pos] = self._heap[parent]
+            self._tpos[self._heap[pos]] = pos
+            pos = parent
+        self._heap[pos] = s
+        self._tpos[s] = pos
+
+    cdef void _sift_down(self, int32_t pos) noexcept nogil:
+        cdef int32_t s = self._heap[pos], child
+        cdef int32_t n = self._hsize
+        while True:
+            child = 2 * pos + 1
+            if child >= n:
+                break
+            if child + 1 < n and self._tless(self._heap[child + 1], self._heap[child]):
+                child += 1
+            if not self._tless(self._heap[child], s):
+                break
+            self._heap[pos] = self._heap[child]
+            self._tpos[self._heap[pos]] = pos
+            pos = child
+        self._heap[pos] = s
+        self._tpos[s] = pos
+
+    cdef void _heapify(self) noexcept nogil:
+        cdef int32_t i
+        for i in range(self._hsize):
+            self._tpos[self._heap[i]] = i
+        i = self._hsize // 2 - 1
+        while i >= 0:
+            self._sift_down(i)
+            i -= 1
+
+    cdef void _topk_decay(self, uint64_t d) noexcept nogil:
+        """Every candidate's stored estimate decays by d epochs; (value, hash) ties that
+        the halving creates can reorder the heap, so rebuild it (O(N), once per epoch)."""
+        cdef int32_t i
+        for i in range(self._hsize):
+            self._tval[i] = _shifted(self._tval[i], d)
+        self._heapify()
+
+    cdef inline uint32_t _tbucket(self, uint64_t h) noexcept nogil:
+        # Fibonacci hashing of the already-mixed key hash into the table.
+        return <uint32_t>((h * 0x9E3779B97F4A7C15ULL) >> self._tshift) & self._tmask
+
+    cdef inline int32_t _tfind(self, uint64_t h) noexcept nogil:
+        cdef uint32_t b = self._tbucket(h)
+        cdef int32_t s
+        while True:
+            s = self._table[b]
+            if s < 0 or self._thash[s] == h:
+                return s
+            b = (b + 1) & self._tmask
+
+    cdef inline void _tinsert(self, uint64_t h, int32_t slot) noexcept nogil:
+        cdef uint32_t b = self._tbucket(h)
+        while self._table[b] >= 0:
+            b = (b + 1) & self._tmask
+        self._table[b] = slot
+
+    cdef void _tdelete(self, uint64_t h) noexcept nogil:
+        """Remove h with backward-shift deletion (no tombstones)."""
+        cdef uint32_t i = self._tbucket(h), j, k
+        while self._thash[self._table[i]] != h:
+            i = (i + 1) & self._tmask
+        j = i
+        while True:
+            j = (j + 1) & self._tmask
+            if self._table[j] < 0:
+                break
+            k = self._tbucket(self._thash[self._table[j]])
+            # Leave the entry at j if its home bucket k lies cyclically in (i, j].
+            if (i <= j and i < k and k <= j) or (i > j and (i < k or k <= j)):
+                continue
+            self._table[i] = self._table[j]
+            i = j
+        self._table[i] = -1
+
+    cdef inline int32_t _topk_touch(self, uint64_t h, uint32_t est) noexcept nogil:
+        """Offer a key's fresh estimate to the candidate set; return the slot when the
+        key was newly admitted (the caller records its key), else -1."""
+        cdef int32_t s
+        if est == 0:
+            return -1
+        if self._hsize == self._topn and est <= self._tval[self._heap[0]]:
+            # Not above the minimum: an untracked key is not admitted, and a tracked
+            # key's stored value is already equal to est (stored <= est <= min <= stored).
+            return -1
+        s = self._tfind(h)
+        if s >= 0:
+            if est > self._tval[s]:
+                self._tval[s] = est
+                self._sift_down(self._tpos[s])
+            return -1
+        if self._hsize < self._topn:
+            s = self._hsize
+            self._hsize += 1
+            self._thash[s] = h
+            self._tval[s] = est
+            self._heap[s] = s
+            self._tinsert(h, s)
+            self._sift_up(s)
+            return s
+        s = self._heap[0]
+        self._tdelete(self._thash[s])
+        self._thash[s] = h
+        self._tval[s] = est
+        self._tinsert(h, s)
+        self._sift_down(0)
+        return s
+
+    cdef inline void _mark_dirty(self, int32_t slot, int64_t src) noexcept nogil:
+        if self._tsrc[slot] == NOT_DIRTY:
+            self._dirty[self._ndirty] = slot
+            self._ndirty += 1
+        self._tsrc[slot] = src
+
+    cdef _resolve_dirty(self, object source, int kind):
+        """After a batch: attach the key objects of newly admitted candidates."""
+        cdef int32_t i, s
+        cdef int64_t src
+        for i in range(self._ndirty):
+            s = self._dirty[i]
+            src = self._tsrc[s]
+            self._tkeys[s] = None if src < 0 else key_at(source, kind, src)
+            self._tsrc[s] = NOT_DIRTY
+        self._ndirty = 0
+
+    # ------------------------------------------------------------------ single-key API
+
+    def increment(self, key, count=1, now_ms=None):
+        """Add ``count`` (a non-negative integer weight, saturating) to ``key`` at
+        ``now_ms`` (event time; the clock when omitted). Returns None."""
+        cdef uint64_t w
+        cdef uint64_t h
+        cdef uint32_t est
+        cdef int32_t adm
+        cdef long long c
+        if count is 1:
+            w = 1
+        elif PyLong_CheckExact(count) and 0 <= count <= 0x7FFFFFFFFFFFFFFF:
+            c = count
+            w = <uint64_t>c
+        else:
+            w = min(count_value(count), self._cmask)
+        h = hash_key(&self._hasher, key)
+        self._advance_to_time(now_ms)
+        est = self._bump(h, w)
+        if self._topn:
+            adm = self._topk_touch(h, est)
+            if adm >= 0:
+                self._tkeys[adm] = bytes(key) if isinstance(key, bytearray) else key
+
+    def query(self, key, now_ms=None):
+        """The decayed estimate of ``key`` at ``now_ms`` (never before the sketch's
+        epoch): min over rows, decay applied virtually; nothing is written."""
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef int64_t q = self._query_epoch(now_ms)
+        return self._estimate(h, q)
+
+    # ------------------------------------------------------------------ batch API
+
+    cdef tuple _hashes(self, keys):
+        hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
+        cdef uint64_t[::1] hv
+        if hashes is None:
+            hashes = np.empty(len(source), dtype=np.uint64)
+            hv = hashes
+            if hv.shape[0]:
+                hash_items(&self._hasher, source, &hv[0], hv.shape[0])
+        return hashes, source, kind
+
+    def increment_many(self, keys, counts=None, now_ms=None):
+        """Batch twin of :meth:`increment`: the same single increments, in order.
+
+        ``keys``: a list/tuple of bytes/str, a 2-D uint8 array of fixed-width keys, or a
+        1-D uint64 array of pre-hashed keys (``grudge_stream.hashing.hash64_many`` with
+        this sketch's seed and hasher gives the same result as passing the keys).
+        ``counts``: None (1 each), one weight, or one per key. ``now_ms``: None (one
+        clock read for the batch), one time, or one per key. Returns the number of keys.
+        """
+        hashes, source, kind = self._hashes(keys)
+        cdef Py_ssize_t n = hashes.shape[0]
+        w0, warr = prepare_counts(counts, n)
+        cdef const uint64_t[::1] hv = hashes
+        cdef const uint64_t[::1] wv
+        cdef const int64_t[::1] tv
+        cdef const uint64_t* wp = NULL
+        cdef const int64_t* tp = NULL
+        cdef uint64_t w0c = w0 if w0 < self._cmask else self._cmask
+        if warr is not None:
+            wv = warr
+            if n:
+                wp = &wv[0]
+        if self._epoch_ms != 0:
+            t0, tarr = prepare_times(now_ms, n)
+            if tarr is not None:
+                tv = tarr
+                if n:
+                    tp = &tv[0]
+            else:
+                self._advance_to_time(t0)
+        elif now_ms is not None:
+            prepare_times(now_ms, n)   # validated, then ignored (manual epochs)
+        if n == 0:
+            return 0
+        with nogil:
+            if wp == NULL and tp == NULL and self._topn == 0:
+                self._run_plain(&hv[0], n, <uint32_t>w0c)
+            else:
+                self._run_increment(&hv[0], n, wp, w0c, tp)
+        if self._ndirty:
+            self._resolve_dirty(source, kind)
+        return n
+
+    def query_many(self, keys, now_ms=None):
+        """Batch twin of :meth:`query`: a new int64 array of estimates."""
+        hashes, _, _ = self._hashes(keys)
+        cdef Py_ssize_t n = hashes.shape[0]
+        cdef const uint64_t[::1] hv = hashes
+        cdef const int64_t[::1] tv
+        cdef const int64_t* tp = NULL
+        cdef int64_t q0 = self._E
+        out = np.empty(n, dtype=np.int64)
+        cdef int64_t[::1] ov = out
+        if self._epoch_ms != 0:
+            t0, tarr = prepare_times(now_ms, n)
+            if tarr is not None:
+                tv = tarr
+                if n:
+                    tp = &tv[0]
+            else:
+                q0 = self._query_epoch(t0)
+        elif now_ms is not None:
+            prepare_times(now_ms, n)
+        if n == 0:
+            return out
+        with nogil:
+            self._run_query(&hv[0], n, tp, q0, &ov[0])
+        return out
+
+    # ------------------------------------------------------------------ heavy hitters
+
+    def top(self, k=None, now_ms=None):
+        """The current heaviest keys, ``[(key, estimate), ...]`` heaviest first.
+
+        Needs ``top_k=N`` at construction; ``k`` defaults to N and must be <= N.
+        Estimates are re-read from the matrix at the sketch's current epoch (or at
+        ``now_ms`` when given and later); keys whose estimate decayed to 0 are left
+        out; ties are ordered by key hash. A key given as bytes comes back as bytes
+        (str as str); a pre-hashed key comes back as its uint64 (a Python int).
+        Reading does not change the sketch. See docs/count-min.md for the guarantee.
+        """
+        cdef int64_t q
+        cdef int32_t s
+        if self._topn == 0:
+            raise ConfigError("top() needs a candidate set: construct the sketch with top_k=N")
+        if k is None:
+            k = self._topn
+        if isinstance(k, bool) or not hasattr(k, "__index__"):
+            raise InvalidInputError(f"k must be an integer, got {k!r}")
+        k = k.__index__()
+        if k < 0 or k > self._topn:
+            raise InvalidInputError(f"k must be in [0, top_k={self._topn}], got {k}")
+        if now_ms is None or self._epoch_ms == 0:
+            q = self._E
+            if now_ms is not None:
+                self._now(now_ms)
+        else:
+            q = self._query_epoch(now_ms)
+        rows = []
+        for s in range(self._hsize):
+            est = self._estimate(self._thash[s], q)
+            if est:
+                rows.append((-<int64_t>est, self._thash[s], s))
+        rows.sort()
+        out = []
+        for negest, h, s in rows[:k]:
+            key = self._tkeys[s]
+            out.append((h if key is None else key, -negest))
+        return out
+
+    def _candidates(self):
+        """Debug view of the candidate set: ``[(hash, stored_value, key), ...]`` in heap order."""
+        cdef int32_t i, s
+        return [(self._thash[self._heap[i]], self._tval[self._heap[i]], self._tkeys[self._heap[i]])
+                for i in range(self._hsize)]
+
+    def _decayed_cells(self):
+        """Debug view: every counter decayed to the current epoch, shape (depth, width)."""
+        cdef Py_ssize_t i
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & self._smask
+        out = np.zeros(self._ncells, dtype=np.int64)
+        cdef int64_t[::1] ov = out
+        if self._started:
+            for i in range(self._ncells):
+                ov[i] = _decayed(self._cells[i], emod, self._cbits, self._cmask, self._smask)
+        return out.reshape(self._depth, self._width)
+
+    def _raw_cells(self):
+        """Debug view: a copy of the packed cells, shape (depth, width)."""
+        return np.asarray(<uint32_t[:self._ncells]>self._cells).copy().reshape(self._depth, self._width)
+
+    # ------------------------------------------------------------------ merge
+
+    def merge(self, DecayingCountMin other not None):
+        """Add ``other`` into this sketch (identical config and seed, else MismatchError).
+
+        Cell by cell, both counters are decayed to the later of the two epochs, then
+        added (saturating). Exact (equal to one sketch fed both streams) when no
+        halving happened between the inputs' updates; otherwise see docs/count-min.md.
+        Candidate sets are united, re-estimated from the merged matrix and cut to N.
+        """
+        cdef int64_t em
+        cdef Py_ssize_t i
+        cdef uint32_t emod_a, emod_b, emod_m, stamp, va, vb, v, ga, gb
+        cdef uint64_t xa, xb
+        cdef uint32_t* a
+        cdef uint32_t* b
+        if other._config != self._config:
+            raise MismatchError(
+                f"cannot merge count-min sketches with different configs: {self._config} vs {other._config}")
+        if not other._started:
+            return None
+        # Collect candidates before cells change (keys of both, first seen wins).
+        cands = {}
+        for s in range(self._hsize):
+            cands[self._thash[s]] = self._tkeys[s]
+        for s in range(other._hsize):
+            if other._thash[s] not in cands:
+                cands[other._thash[s]] = other._tkeys[s]
+        if not self._started:
+            em = other._E
+        else:
+            em = self._E if self._E > other._E else other._E
+        xa = <uint64_t>em - <uint64_t>self._E if self._started else 64
+        xb = <uint64_t>em - <uint64_t>other._E
+        emod_a = <uint32_t>(<uint64_t>self._E) & self._smask
+        emod_b = <uint32_t>(<uint64_t>other._E) & self._smask
+        emod_m = <uint32_t>(<uint64_t>em) & self._smask
+        stamp = emod_m << self._cbits
+        a = self._cells
+        b = other._cells
+        with nogil:
+            for i in range(self._ncells):
+                ga = (emod_a - (a[i] >> self._cbits)) & self._smask
+                gb = (emod_b - (b[i] >> self._cbits)) & self._smask
+                va = _shifted(a[i] & self._cmask, xa + ga)
+                vb = _shifted(b[i] & self._cmask, xb + gb)
+                v = va + vb
+                if v > self._cmask:
+                    v = self._cmask
+                a[i] = (stamp | v) if v else 0
+        self._E = em
+        self._S = em
+        self._started = True
+        self._set_window()
+        self._rebuild_topk(cands)
+        return None
+
+    cdef _rebuild_topk(self, dict cands):
+        """Refill the candidate set with the N heaviest of `cands` (hash -> key) by the
+        current matrix; ties by hash."""
+        cdef int32_t i, s
+        cdef Py_ssize_t tsize
+        if self._topn == 0:
+            return
+        ranked = []
+        for h, key in cands.items():
+            est = self._estimate(h, self._E)
+            if est:
+                ranked.append((-<int64_t>est, h, key))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        ranked = ranked[:self._topn]
+        tsize = <Py_ssize_t>self._tmask + 1
+        for i in range(tsize):
+            self._table[i] = -1
+        self._hsize = 0
+        for i in range(self._topn):
+            self._tkeys[i] = None
+        for negest, h, key in ranked:
+            s = self._hsize
+            self._hsize += 1
+            self._thash[s] = h
+            self._tval[s] = <uint32_t>(-negest)
+            self._heap[s] = s
+            self._tkeys[s] = key
+            self._tinsert(h, s)
+        self._heapify()
+
+    # ------------------------------------------------------------------ snapshots
+
+    def to_bytes(self):
+        """Serialize: the envelope (magic, version, kind, CRC-32C) around a JSON header
+        (full config, epoch state) and the little-endian payload (docs/count-min.md)."""
+        cdef int32_t i, s
+        header = self._config.to_dict()
+        header["epoch"] = self._E if self._started else None
+        header["base_epoch"] = self._S if self._started else None
+        cells = np.asarray(<uint32_t[:self._ncells]>self._cells).astype("<u4", copy=False).tobytes()
+        parts = [cells]
+        if self._topn:
+            parts.append(struct.pack("<I", self._hsize))
+            for i in range(self._hsize):
+                s = self._heap[i]
+                key = self._tkeys[s]
+                if key is None:
+                    kind, raw = 0, b""
+                elif isinstance(key, str):
+                    kind, raw = 2, key.encode("utf-8")
+                else:
+                    kind, raw = 1, bytes(key)
+                parts.append(struct.pack("<QIBI", self._thash[s], self._tval[s], kind, len(raw)))
+                parts.append(raw)
+        return pack(KIND_COUNT_MIN, header, b"".join(parts))
+
+    @classmethod
+    def from_bytes(cls, data, *, clock=None):
+        """Restore a sketch from :meth:`to_bytes`; anything truncated, corrupted, of
+        another kind or version, or violating an invariant raises SnapshotError."""
+        header, payload = unpack(data, KIND_COUNT_MIN)
+        cfgmod = _config_module()
+        fields = {"depth", "width", "epoch_ms", "counter_bits", "seed", "hasher", "top_k",
+                  "epoch", "base_epoch"}
+        if set(header) != fields:
+            raise SnapshotError(f"DecayingCountMin snapshot header has fields {sorted(header)}, "
+                                f"expected {sorted(fields)}")
+        try:
+            cfg = cfgmod.CountMinConfig(**{k: header[k] for k in fields - {"epoch", "base_epoch"}})
+        except (ConfigError, TypeError) as exc:
+            raise SnapshotError(f"DecayingCountMin snapshot holds an invalid config: {exc}") from None
+        cdef DecayingCountMin self = DecayingCountMin.__new__(DecayingCountMin)
+        self._setup(cfg, clock)
+        self._load(header, payload)
+        return self
+
+    cdef _load(self, dict header, payload):
+        cdef Py_ssize_t i, off, nbytes, ncand, klen
+        cdef int32_t s
+        cdef uint32_t emod, st, c
+        cdef uint64_t span
+        E, S = header["epoch"], header["base_epoch"]
+        for name, v in (("epoch", E), ("base_epoch", S)):
+            if v is not None and (type(v) is not int or not -(1 << 63) <= v < (1 << 63)):
+                raise SnapshotError(f"DecayingCountMin snapshot field {name} is not a 64-bit integer: {v!r}")
+        if (E is None) != (S is None):
+            raise SnapshotError("DecayingCountMin snapshot has only one of epoch / base_epoch")
+        if E is None and self._epoch_ms == 0:
+            raise SnapshotError("DecayingCountMin snapshot with manual epochs lacks its epoch")
+        if E is not None and not (S <= E and E - S <= self._smask):
+            raise SnapshotError(f"DecayingCountMin snapshot epochs are inconsistent (epoch {E}, base {S})")
+        nbytes = payload.nbytes
+        if nbytes < self._ncells * 4:
+            raise SnapshotError(f"DecayingCountMin payload is {nbytes} bytes, cells need {self._ncells * 4}")
+        cells = np.frombuffer(payload, dtype="<u4", count=self._ncells)
+        cdef cnp.ndarray[cnp.uint32_t, ndim=1] native = cells.astype(np.uint32)
+        cdef uint32_t* src = <uint32_t*>cnp.PyArray_DATA(native)
+        if E is None:
+            for i in range(self._ncells):
+                if src[i] != 0:
+                    raise SnapshotError("DecayingCountMin snapshot has nonzero cells before its first epoch")
+        else:
+            emod = <uint32_t>(<uint64_t><int64_t>E) & self._smask
+            span = <uint64_t>(E - S)
+            for i in range(self._ncells):
+                c = src[i]
+                if (c & self._cmask) != 0:
+                    st = c >> self._cbits
+                    if ((emod - st) & self._smask) > span:
+                        raise SnapshotError(
+                            f"DecayingCountMin snapshot cell {i} is stamped outside [base_epoch, epoch]")
+        for i in range(self._ncells):
+            self._cells[i] = src[i]
+        if E is not None:
+            self._E = E
+            self._S = S
+            self._started = True
+            self._set_window()
+        off = self._ncells * 4
+        if self._topn == 0:
+            if off != nbytes:
+                raise SnapshotError("DecayingCountMin payload has trailing bytes")
+            return
+        view = bytes(payload[off:])
+        if len(view) < 4:
+            raise SnapshotError("DecayingCountMin payload lacks its candidate-set count")
+        (ncand,) = struct.unpack_from("<I", view, 0)
+        if ncand > self._topn or (ncand and E is None):
+            raise SnapshotError(f"DecayingCountMin snapshot holds {ncand} candidates, top_k is {self._topn}")
+        off = 4
+        seen = set()
+        for i in range(ncand):
+            if off + 17 > len(view):
+                raise SnapshotError("DecayingCountMin candidate set truncated")
+            h, val, kind, klen = struct.unpack_from("<QIBI", view, off)
+            off += 17
+            if off + klen > len(view):
+                raise SnapshotError("DecayingCountMin candidate key truncated")
+            raw = view[off:off + klen]
+            off += klen
+            if kind == 0:
+                if klen:
+                    raise SnapshotError("DecayingCountMin pre-hashed candidate carries key bytes")
+                key = None
+            elif kind == 1:
+                key = raw
+            elif kind == 2:
+                try:
+                    key = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise SnapshotError("DecayingCountMin candidate str key is not UTF-8") from None
+            else:
+                raise SnapshotError(f"DecayingCountMin candidate key kind {kind} is unknown")
+            if key is not None and hash_key(&self._hasher, key) != h:
+                raise SnapshotError("DecayingCountMin candidate key does not match its hash")
+            if h in seen:
+                raise SnapshotError("DecayingCountMin candidate set lists a key twice")
+            seen.add(h)
+            if val > self._estimate(h, self._E):
+                raise SnapshotError("DecayingCountMin candidate value exceeds the key's estimate")
+            s = <int32_t>i
+            self._thash[s] = h
+            self._tval[s] = val
+            self._heap[s] = s
+            self._tpos[s] = s
+            self._tkeys[s] = key
+        if off != len(view):
+            raise SnapshotError("DecayingCountMin payload has trailing bytes")
+        self._hsize = <int32_t>ncand
+        for i in range(1, ncand):
+            if self._tless(<int32_t>i, <int32_t>((i - 1) // 2)):
+                raise SnapshotError("DecayingCountMin candidate set is not a valid heap")
+        for i in range(ncand):
+            self._tinsert(self._thash[i], <int32_t>i)
