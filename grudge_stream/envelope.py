@@ -43,7 +43,7 @@ KIND_NAMES = {
     KIND_ROTATOR: "Rotator",
     KIND_COUNT_MIN: "DecayingCountMin",
     KIND_FORGETTING_BLOOM: "ForgettingBloom",
-    KIND_OPERATOR: "operator snapshot",
+    KIND_OPERATOR: "operator state",
 }
 
 _HEAD = struct.Struct("<4sHHI")  # magic, version, kind, header length

@@ -1,0 +1,437 @@
+"""The checkpoint store: operator snapshots on a compacted Kafka topic.
+
+Independent of Faust (it speaks confluent-kafka), so the Faust runtime and the
+batch runner share it, and so does `grudge-stream replay` when it writes
+snapshots for a live worker to adopt.
+
+Layout on the snapshot topic (compacted, one partition per source partition;
+the snapshot of source partition ``p`` lives in snapshot partition
+``p % partitions``):
+
+- **chunk records**, keyed ``operator \\0 partition \\0 "chunk" \\0 slot \\0 index``:
+  a 32-byte header (magic ``GRDC``, generation u64, index u32, count u32,
+  CRC-32C of the data u32, data length u32, reserved u32) and at most
+  ``chunk_bytes`` of the snapshot blob. Generation ``g`` writes into slot
+  ``g % 2``, so the chunks of generation ``g - 1`` stay intact (compaction keeps
+  the newest record per key) while ``g`` is being written.
+- **one manifest record**, keyed ``operator \\0 partition`` — the record the
+  spec calls the snapshot record, written only after every chunk is
+  acknowledged: JSON with the generation, slot, the chunks' offsets, the
+  blob's size and CRC-32C, the next source offset it reflects, the watermark,
+  the config fingerprint, the source topic and its partition count, and the
+  same facts for the previous generation.
+
+A crash while chunks are being written leaves the previous manifest the
+newest one, so a half-written snapshot is never loaded. Restore reads only
+the newest manifest (scanning backwards from the end of the partition) and
+the chunks it names — never the whole history — and falls back to the
+previous generation when the newest fails its checks.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from grudge_stream.exceptions import CheckpointError, SnapshotError
+from grudge_stream.hashing import crc32c
+
+log = logging.getLogger("grudge_stream.checkpoint")
+
+CHUNK_MAGIC = b"GRDC"
+_CHUNK = struct.Struct("<4sQIIIII")  # magic, generation, index, count, crc, length, reserved
+MANIFEST_MAGIC = "grudge-stream-snapshot"
+MANIFEST_VERSION = 1
+DEFAULT_CHUNK_BYTES = 512 * 1024  # well under Kafka's ~1 MB default message limit
+
+# Compaction settings that keep the snapshot topic small: short segments so the active
+# segment rolls and becomes cleanable, and an eager cleaner.
+SNAPSHOT_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": "60000",
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": "60000",
+    "max.message.bytes": str(1024 * 1024 + 4096),
+}
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    """Where one complete snapshot generation lives, as a manifest records it."""
+
+    generation: int
+    slot: int
+    offsets: tuple[int, ...]
+    size: int
+    crc: int
+    next_offset: int | None
+    watermark: int | None
+    fingerprint: str
+    source_topic: str
+    partition_count: int
+    written_ms: int
+
+    def to_dict(self) -> dict:
+        return {
+            "generation": self.generation, "slot": self.slot, "offsets": list(self.offsets),
+            "size": self.size, "crc": self.crc, "next_offset": self.next_offset,
+            "watermark": self.watermark, "fingerprint": self.fingerprint,
+            "source_topic": self.source_topic, "partition_count": self.partition_count,
+            "written_ms": self.written_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SnapshotRef":
+        return cls(
+            generation=int(d["generation"]), slot=int(d["slot"]),
+            offsets=tuple(int(o) for o in d["offsets"]), size=int(d["size"]), crc=int(d["crc"]),
+            next_offset=None if d["next_offset"] is None else int(d["next_offset"]),
+            watermark=None if d["watermark"] is None else int(d["watermark"]),
+            fingerprint=str(d["fingerprint"]), source_topic=str(d["source_topic"]),
+            partition_count=int(d["partition_count"]), written_ms=int(d["written_ms"]),
+        )
+
+
+@dataclass
+class Manifest:
+    operator_id: str
+    partition: int
+    current: SnapshotRef
+    previous: SnapshotRef | None
+    offset: int = -1  # where the manifest itself was read from
+
+    def encode(self) -> bytes:
+        body = {
+            "magic": MANIFEST_MAGIC, "version": MANIFEST_VERSION,
+            "operator_id": self.operator_id, "partition": self.partition,
+            "current": self.current.to_dict(),
+            "previous": None if self.previous is None else self.previous.to_dict(),
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes, offset: int = -1) -> "Manifest":
+        try:
+            d = json.loads(value)
+            if d.get("magic") != MANIFEST_MAGIC:
+                raise SnapshotError("not a snapshot manifest")
+            if d.get("version") != MANIFEST_VERSION:
+                raise SnapshotError(f"snapshot manifest version {d.get('version')} is not supported")
+            return cls(
+                operator_id=str(d["operator_id"]), partition=int(d["partition"]),
+                current=SnapshotRef.from_dict(d["current"]),
+                previous=None if d["previous"] is None else SnapshotRef.from_dict(d["previous"]),
+                offset=offset,
+            )
+        except SnapshotError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SnapshotError(f"snapshot manifest is malformed: {exc}") from None
+
+
+@dataclass
+class RestoreResult:
+    """What a restore found: the blob and its ref, plus every candidate refused on the way."""
+
+    blob: bytes | None
+    ref: SnapshotRef | None
+    refused: list[tuple[int, str]] = field(default_factory=list)  # (generation, reason)
+    manifest: Manifest | None = None
+
+
+def manifest_key(operator_id: str, partition: int) -> bytes:
+    return f"{operator_id}\x00{partition}".encode()
+
+
+def chunk_key(operator_id: str, partition: int, slot: int, index: int) -> bytes:
+    return f"{operator_id}\x00{partition}\x00chunk\x00{slot}\x00{index}".encode()
+
+
+class CheckpointStore:
+    """Write and read operator snapshots on one compacted topic."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 producer_config: dict | None = None, consumer_config: dict | None = None,
+                 scan_window: int = 64, timeout_s: float = 30.0, chunk_delay_s: float = 0.0) -> None:
+        if chunk_bytes < 1024 or chunk_bytes > 1024 * 1024:
+            raise ValueError("chunk_bytes must be between 1 KiB and 1 MiB")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.chunk_bytes = chunk_bytes
+        self.scan_window = scan_window
+        # Pause after each chunk (flushed one by one then): throttles snapshot I/O, and lets
+        # failure tests kill a worker in the middle of a snapshot write.
+        self.chunk_delay_s = chunk_delay_s
+        self.timeout_s = timeout_s
+        self._producer_config: dict = {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 0,
+            "compression.type": "lz4",
+            "message.max.bytes": 1024 * 1024 + 4096,
+            **(producer_config or {}),
+        }
+        self._consumer_config = {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"grudge-checkpoint-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "fetch.queue.backoff.ms": 1,
+            "isolation.level": "read_committed",
+            **(consumer_config or {}),
+        }
+        self._producer: Producer | None = None
+        self._partitions: int | None = None
+        # (operator, partition) -> (newest generation number, last good generation's ref)
+        self._last: dict[tuple[str, int], tuple[int, SnapshotRef | None]] = {}
+
+    # -- topic --------------------------------------------------------------------------------
+
+    def ensure_topic(self, partitions: int, replication_factor: int = 1) -> None:
+        """Create the snapshot topic (compacted) if it does not exist."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        md = admin.list_topics(timeout=self.timeout_s)
+        if self.topic in md.topics and not md.topics[self.topic].error:
+            self._partitions = len(md.topics[self.topic].partitions)
+            return
+        fut = admin.create_topics([NewTopic(self.topic, num_partitions=partitions,
+                                            replication_factor=replication_factor,
+                                            config=SNAPSHOT_TOPIC_CONFIG)])[self.topic]
+        try:
+            fut.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise CheckpointError(f"cannot create snapshot topic {self.topic!r}: {exc}") from None
+        self._partitions = None
+
+    def partitions(self) -> int:
+        if self._partitions is None:
+            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                md = admin.list_topics(topic=self.topic, timeout=self.timeout_s)
+                t = md.topics.get(self.topic)
+                if t is not None and not t.error and t.partitions:
+                    self._partitions = len(t.partitions)
+                    break
+                if time.monotonic() > deadline:
+                    raise CheckpointError(
+                        f"snapshot topic {self.topic!r} does not exist. Operator action: create it "
+                        "(grudge-stream creates it on start when allowed) or fix the topic name."
+                    )
+                time.sleep(0.2)
+        return self._partitions
+
+    def snapshot_partition(self, partition: int) -> int:
+        return partition % self.partitions()
+
+    # -- write --------------------------------------------------------------------------------
+
+    def _get_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(self._producer_config)
+        return self._producer
+
+    def write(self, operator_id: str, partition: int, blob: bytes, *, next_offset: int | None,
+              watermark: int | None, fingerprint: str, source_topic: str,
+              partition_count: int) -> SnapshotRef:
+        """Write one snapshot generation; returns once the manifest is acknowledged."""
+        producer = self._get_producer()
+        sp = self.snapshot_partition(partition)
+        cached = self._last.get((operator_id, partition))
+        if cached is None:
+            found = self.read_manifest(operator_id, partition)
+            cached = (found.current.generation, found.current) if found else (0, None)
+        latest_generation, prev = cached
+        generation = latest_generation + 1
+        # Never overwrite the chunks of the last good generation while writing the next one.
+        slot = (1 - prev.slot) if prev is not None else generation % 2
+        view = memoryview(blob)
+        count = max(1, -(-len(view) // self.chunk_bytes))
+        offsets: list[int | None] = [None] * count
+        errors: list[str] = []
+
+        def on_chunk(err, msg, index: int) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                offsets[index] = msg.offset()
+
+        for i in range(count):
+            data = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+            head = _CHUNK.pack(CHUNK_MAGIC, generation, i, count, crc32c(data), len(data), 0)
+            self._produce(producer, sp, chunk_key(operator_id, partition, slot, i), head + bytes(data),
+                          lambda err, msg, i=i: on_chunk(err, msg, i))
+            if self.chunk_delay_s:
+                self._flush(producer)
+                time.sleep(self.chunk_delay_s)
+        self._flush(producer)
+        if errors or any(o is None for o in offsets):
+            raise CheckpointError(f"snapshot chunks of {operator_id}[{partition}] not written: {errors}")
+        ref = SnapshotRef(
+            generation=generation, slot=slot, offsets=tuple(offsets), size=len(view), crc=crc32c(view),
+            next_offset=next_offset, watermark=watermark, fingerprint=fingerprint,
+            source_topic=source_topic, partition_count=partition_count,
+            written_ms=time.time_ns() // 1_000_000,
+        )
+        manifest = Manifest(operator_id, partition, ref, prev)
+        done: list = []
+        self._produce(producer, sp, manifest_key(operator_id, partition), manifest.encode(),
+                      lambda err, msg: done.append(err))
+        self._flush(producer)
+        if not done or done[0] is not None:
+            raise CheckpointError(f"snapshot manifest of {operator_id}[{partition}] not written: {done}")
+        self._last[(operator_id, partition)] = (generation, ref)
+        return ref
+
+    def _produce(self, producer: Producer, partition: int, key: bytes, value: bytes, cb) -> None:
+        while True:
+            try:
+                producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=cb)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def _flush(self, producer: Producer) -> None:
+        remaining = producer.flush(self.timeout_s)
+        if remaining:
+            raise CheckpointError(f"{remaining} snapshot records still undelivered after {self.timeout_s}s")
+
+    def forget(self, operator_id: str, partition: int) -> None:
+        """Drop the cached last generation (after a revocation: another worker may write next)."""
+        self._last.pop((operator_id, partition), None)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self.timeout_s)
+            self._producer = None
+
+    # -- read ---------------------------------------------------------------------------------
+
+    def _consumer(self) -> Consumer:
+        return Consumer(self._consumer_config)
+
+    def _read_range(self, consumer: Consumer, sp: int, start: int, end: int) -> Iterable:
+        """Messages of snapshot partition ``sp`` with offsets in [start, end)."""
+        if start >= end:
+            return
+        consumer.assign([TopicPartition(self.topic, sp, start)])
+        deadline = time.monotonic() + self.timeout_s
+        pos = start
+        while pos < end:
+            msgs = consumer.consume(num_messages=min(500, end - pos), timeout=0.5)
+            if not msgs and time.monotonic() > deadline:
+                raise CheckpointError(f"timed out reading {self.topic}[{sp}] at offset {pos} (end {end})")
+            for m in msgs:
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise CheckpointError(f"error reading {self.topic}[{sp}]: {m.error()}")
+                if m.offset() >= end:
+                    return
+                pos = m.offset() + 1
+                yield m
+            if msgs:
+                deadline = time.monotonic() + self.timeout_s
+
+    def read_manifest(self, operator_id: str, partition: int) -> Manifest | None:
+        """The newest manifest of (operator, partition), scanning backwards from the end."""
+        sp = self.snapshot_partition(partition)
+        key = manifest_key(operator_id, partition)
+        consumer = self._consumer()
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, sp),
+                                                       timeout=self.timeout_s, cached=False)
+            end = high
+            while end > low:
+                start = max(low, end - self.scan_window)
+                found = None
+                for m in self._read_range(consumer, sp, start, end):
+                    if m.key() == key:
+                        found = m
+                if found is not None:
+                    try:
+                        return Manifest.decode(found.value(), found.offset())
+                    except SnapshotError as exc:
+                        log.error("snapshot manifest of %s[%d] at %s[%d]@%d is unreadable: %s",
+                                  operator_id, partition, self.topic, sp, found.offset(), exc)
+                        end = found.offset()
+                        continue
+                end = start
+            return None
+        finally:
+            consumer.close()
+
+    def load_ref(self, operator_id: str, partition: int, ref: SnapshotRef) -> bytes:
+        """Fetch and verify the chunks of one generation; SnapshotError if anything is off."""
+        sp = self.snapshot_partition(partition)
+        want = {off: i for i, off in enumerate(ref.offsets)}
+        parts: list[bytes | None] = [None] * len(ref.offsets)
+        consumer = self._consumer()
+        try:
+            for m in self._read_range(consumer, sp, min(want), max(want) + 1):
+                i = want.get(m.offset())
+                if i is None:
+                    continue
+                if m.key() != chunk_key(operator_id, partition, ref.slot, i):
+                    raise SnapshotError(f"chunk {i} of generation {ref.generation} was compacted away")
+                parts[i] = self._check_chunk(m.value(), ref, i)
+        finally:
+            consumer.close()
+        if any(p is None for p in parts):
+            raise SnapshotError(f"chunks of generation {ref.generation} are missing (compacted or truncated)")
+        blob = b"".join(parts)  # type: ignore[arg-type]
+        if len(blob) != ref.size or crc32c(blob) != ref.crc:
+            raise SnapshotError(f"snapshot generation {ref.generation} fails its size/CRC-32C check")
+        return blob
+
+    @staticmethod
+    def _check_chunk(value: bytes, ref: SnapshotRef, index: int) -> bytes:
+        if value is None or len(value) < _CHUNK.size:
+            raise SnapshotError(f"chunk {index} of generation {ref.generation} is truncated")
+        magic, gen, idx, count, crc, length, _ = _CHUNK.unpack_from(value, 0)
+        data = value[_CHUNK.size:]
+        if magic != CHUNK_MAGIC or gen != ref.generation or idx != index or count != len(ref.offsets):
+            raise SnapshotError(f"chunk {index} belongs to another snapshot generation ({gen})")
+        if length != len(data) or crc32c(data) != crc:
+            raise SnapshotError(f"chunk {index} of generation {ref.generation} fails its CRC-32C check")
+        return data
+
+    def restore(self, operator_id: str, partition: int, *, accept=None) -> RestoreResult:
+        """The newest snapshot that loads and that ``accept(ref, blob)`` approves.
+
+        Tries the newest generation, then the previous one. ``accept`` raises (e.g.
+        SnapshotError, MismatchError) to refuse a candidate; every refusal is logged and
+        returned in ``refused``. ``blob`` is None when nothing usable was found.
+        """
+        result = RestoreResult(None, None)
+        manifest = self.read_manifest(operator_id, partition)
+        result.manifest = manifest
+        if manifest is None:
+            return result
+        for ref in (manifest.current, manifest.previous):
+            if ref is None:
+                continue
+            try:
+                blob = self.load_ref(operator_id, partition, ref)
+                if accept is not None:
+                    accept(ref, blob)
+            except (SnapshotError, ValueError) as exc:
+                log.error("refusing snapshot generation %d of %s[%d] (next_offset %s): %s",
+                          ref.generation, operator_id, partition, ref.next_offset, exc)
+                result.refused.append((ref.generation, str(exc)))
+                continue
+            result.blob, result.ref = blob, ref
+            self._last[(operator_id, partition)] = (manifest.current.generation, ref)
+            return result
+        self._last[(operator_id, partition)] = (manifest.current.generation, None)
+        return result

@@ -1,0 +1,122 @@
+"""`grudge-stream demo`: a local broker, the abuse-score topology, traffic, and the alerts.
+
+Starts a single-node Kafka broker on 127.0.0.1 (unless KAFKA_BOOTSTRAP_SERVERS
+is set), creates the topology's topics, runs `grudge-stream worker
+abuse_scores` as a child process, produces traffic in which a handful of
+abusive clients hide among thousands of well-behaved ones, and prints every
+alert as it arrives on the alert topic. Stops everything it started after
+``--seconds``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer
+
+ABUSERS = [f"client-abuse-{i}" for i in range(5)]
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_demo(seconds: float = 60.0, partitions: int = 4, rate: float = 2000.0) -> int:
+    from grudge_stream.devkafka import LocalKafka, free_port
+    from grudge_stream.topics import ensure_topology_topics
+    from grudge_stream.topology import Settings, load_topology
+
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        _say("starting a local Kafka broker (the first run fetches its jars with Maven)...")
+        broker = LocalKafka(quiet=True)
+        bootstrap = broker.start()
+    run = uuid.uuid4().hex[:6]
+    overrides = {
+        "source_topic": f"demo-{run}-events",
+        "alerts_topic": f"demo-{run}-alerts",
+        "scores_topic": f"demo-{run}-scores",
+        "dead_letter_topic": f"demo-{run}-dead-letters",
+        "snapshot_topic": f"demo-{run}-snapshots",
+        "app_name": f"demo-{run}",
+        "bootstrap_servers": bootstrap,
+    }
+    worker = None
+    try:
+        settings = Settings(overrides)
+        topology = load_topology("abuse_scores", settings)
+        ensure_topology_topics(topology, bootstrap, partitions=partitions, create_source=True)
+        port = free_port()
+        cmd = [sys.executable, "-m", "grudge_stream.cli", "worker", "abuse_scores",
+               "--bootstrap-servers", bootstrap, "--web-port", str(port), "--loglevel", "warning"]
+        for k, v in overrides.items():
+            if k != "bootstrap_servers":
+                cmd += ["--set", f"{k}={v}"]
+        _say(f"broker {bootstrap}; worker: {' '.join(cmd[2:5])} (metrics on http://127.0.0.1:{port}/metrics)")
+        log_path = os.path.abspath(f"demo-worker-{run}.log")
+        with open(log_path, "wb") as log_file:
+            worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        _traffic_and_alerts(bootstrap, topology, seconds, rate)
+        return 0
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        if broker is not None:
+            broker.stop()
+
+
+def _traffic_and_alerts(bootstrap: str, topology, seconds: float, rate: float) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-alert-reader-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 10})
+    consumer.subscribe([topology.outputs["alerts"]])
+    rnd = random.Random(7)
+    users = [f"user-{i:05d}" for i in range(5000)]
+    _say(f"producing ~{rate:.0f} events/s for {seconds:.0f}s: 5000 users (2% bad), "
+         f"{len(ABUSERS)} abusers (85% bad) — alerts from {topology.outputs['alerts']}:")
+    start = time.monotonic()
+    sent = 0
+    raised: dict[str, float] = {}
+    tick = 0.05
+    while time.monotonic() - start < seconds:
+        t0 = time.monotonic()
+        for _ in range(int(rate * tick)):
+            if rnd.random() < 0.02:
+                key, bad = rnd.choice(ABUSERS), rnd.random() < 0.85
+            else:
+                key, bad = rnd.choice(users), rnd.random() < 0.02
+            producer.produce(topology.source_topic, key=key.encode(),
+                             value=json.dumps({"outcome": "bad" if bad else "good"}).encode())
+            sent += 1
+        if rnd.random() < 0.01:  # a malformed record now and then: it goes to the dead-letter topic
+            producer.produce(topology.source_topic, key=b"user-00001", value=b"{not json")
+        producer.poll(0)
+        for msg in consumer.consume(num_messages=100, timeout=0):
+            if msg.error():
+                continue
+            alert = json.loads(msg.value())
+            key = alert.get("key")
+            mark = "RAISED " if alert["state"] == "raised" else "cleared"
+            _say(f"  [{time.monotonic() - start:5.1f}s] {mark} {key:<18} score={alert['score']:.3f} "
+                 f"threshold={alert['threshold']} partition={alert['source']['partition']} "
+                 f"offset={alert['source']['offset']}")
+            if alert["state"] == "raised":
+                raised[key] = alert["score"]
+        time.sleep(max(0.0, tick - (time.monotonic() - t0)))
+    producer.flush(10)
+    consumer.close()
+    abusive = sorted(k for k in raised if k in ABUSERS)
+    innocent = sorted(k for k in raised if k not in ABUSERS)
+    _say(f"sent {sent} events; raised {len(raised)} keys: {len(abusive)}/{len(ABUSERS)} abusers "
+         f"{abusive}, {len(innocent)} others {innocent[:10]}")

@@ -1,0 +1,281 @@
+"""The Faust glue: a Faust app whose agent feeds a topology's operators.
+
+Thin on purpose; the work happens in ``grudge_stream.partitions`` (restore,
+process, checkpoint) and in the operators. What this module adds to Faust:
+
+- ``CheckpointedConsumer``, a subclass of Faust's aiokafka consumer with two
+  changes: after Faust seeks the assigned partitions to their committed
+  offsets (``perform_seek``, which runs after every rebalance and before any
+  record flows), it waits for each source partition's restore and seeks it to
+  the restored snapshot's ``next_offset``; and it commits only offsets that a
+  durable snapshot covers, so the committed offset never runs ahead of the
+  state. State correctness therefore does not depend on Faust's commits.
+- an agent that takes batches of events (``take_events``), groups them by
+  partition, runs each partition's operator and publishes its outputs with a
+  dedicated confluent-kafka producer (no awaited send per event);
+- a checkpoint timer, revocation and shutdown hooks, ``/ready`` and
+  ``/metrics`` pages.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+import faust
+from confluent_kafka import TopicPartition as CKTopicPartition
+from confluent_kafka.admin import AdminClient
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.types import TP
+
+from grudge_stream.checkpoint import CheckpointStore
+from grudge_stream.metrics import Metrics
+from grudge_stream.operators.records import SourceRecord
+from grudge_stream.outputs import OutputPublisher
+from grudge_stream.partitions import PartitionSlot, RestoreOutcome, restore_partition
+from grudge_stream.topology import Settings, Topology
+
+log = logging.getLogger("grudge_stream.faust")
+
+
+class CheckpointedConsumer(AIOKafkaConsumer):
+    """Faust's consumer, positioned by snapshots and committing only what they cover."""
+
+    runtime: "FaustRuntime"
+
+    async def perform_seek(self) -> None:
+        await super().perform_seek()
+        runtime = getattr(self.app, "grudge_runtime", None)
+        if runtime is not None:
+            await runtime.position_partitions(self)
+
+    def _filter_committable_offsets(self, tps):
+        runtime = getattr(self.app, "grudge_runtime", None)
+        limits = runtime.commit_limits if runtime is not None else {}
+        out = {}
+        for tp in tps:
+            # Faust's ack bookkeeping decides nothing here: drop it so it cannot grow.
+            self._acked[tp].clear()
+            self._acked_index[tp].clear()
+            limit = limits.get(tp)
+            if limit is not None and self._should_commit(tp, limit):
+                out[tp] = limit
+        return out
+
+
+class GrudgeApp(faust.App):
+    """A Faust app whose transport uses ``CheckpointedConsumer``."""
+
+    def _new_transport(self):
+        transport = super()._new_transport()
+        transport.Consumer = CheckpointedConsumer
+        return transport
+
+
+class FaustRuntime:
+    """Per-worker state: the partition slots, the checkpoint store and the output producer."""
+
+    def __init__(self, app: faust.App, topology: Topology, settings: Settings) -> None:
+        self.app = app
+        self.topology = topology
+        self.settings = settings
+        self.bootstrap = settings.bootstrap_servers
+        self.metrics = Metrics()
+        self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic,
+                                     chunk_bytes=settings.get("snapshot_chunk_bytes", 512 * 1024),
+                                     chunk_delay_s=settings.get("snapshot_chunk_delay_s", 0.0))
+        self.publisher = OutputPublisher(self.bootstrap, topology.outputs)
+        self.slots: dict[int, PartitionSlot] = {}
+        self.restoring: dict[int, asyncio.Future] = {}
+        self.assigned: set[int] = set()
+        self.commit_limits: dict[TP, int] = {}
+        self.lock = asyncio.Lock()
+        self.partition_count: int | None = None
+        self.last_checkpoint = time.monotonic()
+        self.stopping = False
+
+    # -- assignment -------------------------------------------------------------------------------
+
+    def _source_partitions(self, tps) -> set[int]:
+        return {tp.partition for tp in tps if tp.topic == self.topology.source_topic}
+
+    def _topic_partition_count(self) -> int:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        md = admin.list_topics(topic=self.topology.source_topic, timeout=30)
+        return len(md.topics[self.topology.source_topic].partitions)
+
+    def _low_watermark(self, partition: int) -> int:
+        from confluent_kafka import Consumer
+
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "grudge-watermarks"})
+        try:
+            low, _ = c.get_watermark_offsets(CKTopicPartition(self.topology.source_topic, partition), timeout=30)
+            return low
+        finally:
+            c.close()
+
+    def _restore_blocking(self, partition: int) -> RestoreOutcome:
+        if self.partition_count is None:
+            self.partition_count = self._topic_partition_count()
+        return restore_partition(self.topology, self.store, partition, self.partition_count,
+                                 lambda: self._low_watermark(partition), self.metrics)
+
+    def _start_restore(self, partition: int) -> asyncio.Future:
+        fut = self.restoring.get(partition)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = self.restoring[partition] = asyncio.ensure_future(
+                loop.run_in_executor(None, self._restore_blocking, partition))
+        return fut
+
+    async def on_assigned(self, sender: Any, assigned: set, **kwargs: Any) -> None:
+        parts = self._source_partitions(assigned)
+        self.assigned = parts
+        self.metrics.assigned.set(len(parts))
+        for p in parts:
+            if p not in self.slots:
+                self._start_restore(p)
+
+    async def position_partitions(self, consumer: CheckpointedConsumer) -> None:
+        """Called from perform_seek: restore every assigned source partition, then seek it."""
+        tps = [tp for tp in consumer.assignment() if tp.topic == self.topology.source_topic]
+        self.assigned = {tp.partition for tp in tps}
+        self.metrics.assigned.set(len(tps))
+        for tp in tps:
+            p = tp.partition
+            if p not in self.slots:
+                outcome = await self._start_restore(p)
+                self.restoring.pop(p, None)
+                if self.partition_count is None:
+                    self.partition_count = self._topic_partition_count()
+                self.slots[p] = PartitionSlot(self.topology, p, outcome, self.partition_count, self.metrics)
+                if outcome.operator.next_offset is not None:
+                    self.commit_limits[tp] = outcome.operator.next_offset
+            slot = self.slots[p]
+            start = slot.operator.next_offset
+            if start is not None:
+                await consumer.seek(tp, start)
+        self.metrics.restored.set(len([p for p in self.assigned if p in self.slots]))
+
+    async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
+        parts = self._source_partitions(revoked)
+        async with self.lock:
+            await self._checkpoint([p for p in parts if p in self.slots])
+            for p in parts:
+                self.slots.pop(p, None)
+                self.store.forget(self.topology.operator_id, p)
+                self.commit_limits.pop(TP(self.topology.source_topic, p), None)
+        self.assigned -= parts
+        self.metrics.restored.set(len([p for p in self.assigned if p in self.slots]))
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.assigned) and all(p in self.slots for p in self.assigned)
+
+    # -- processing -------------------------------------------------------------------------------
+
+    async def handle(self, events: list) -> None:
+        async with self.lock:
+            by_partition: dict[int, list[SourceRecord]] = defaultdict(list)
+            topic = self.topology.source_topic
+            for ev in events:
+                m = ev.message
+                by_partition[m.partition].append(SourceRecord(
+                    topic, m.partition, m.offset, int(round(m.timestamp * 1000)), m.key, m.value))
+            for p, records in by_partition.items():
+                slot = self.slots.get(p)
+                if slot is None:
+                    # A record of a partition we are not (or no longer) restored for: its
+                    # new owner will process it from the snapshot position.
+                    continue
+                outputs = slot.process(records)
+                if outputs:
+                    self.publisher.publish(outputs)
+            if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
+                await self._checkpoint(list(self.slots))
+
+    async def _checkpoint(self, partitions: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        for p in partitions:
+            slot = self.slots.get(p)
+            if slot is None or not slot.dirty:
+                continue
+            await loop.run_in_executor(None, slot.checkpoint, self.store, self.publisher)
+            self.commit_limits[TP(self.topology.source_topic, p)] = slot.snapshotted_offset
+        self.last_checkpoint = time.monotonic()
+
+    async def checkpoint_tick(self) -> None:
+        if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
+            async with self.lock:
+                await self._checkpoint(list(self.slots))
+
+    async def on_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
+        """Graceful shutdown: a final snapshot of every partition, then flush."""
+        self.stopping = True
+        async with self.lock:
+            await self._checkpoint(list(self.slots))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.publisher.flush)
+        self.store.close()
+        log.info("final snapshots written for partitions %s", sorted(self.slots))
+
+
+def build_app(topology: Topology, settings: Settings | None = None, **faust_options: Any) -> faust.App:
+    """A Faust app running ``topology``; start it with ``faust.Worker(app).execute_from_commandline()``."""
+    settings = settings or Settings()
+    options: dict[str, Any] = dict(
+        broker=f"kafka://{settings.bootstrap_servers}",
+        store="memory://",
+        topic_replication_factor=settings.get("replication_factor", 1),
+        topic_partitions=settings.get("partitions", 8),
+        consumer_auto_offset_reset="earliest",
+        stream_wait_empty=False,
+        broker_commit_interval=settings.get("commit_interval_s", 3.0),
+        web_enabled=settings.get("web_enabled", True),
+        web_host=settings.get("web_host", "127.0.0.1"),
+        web_port=settings.get("web_port", 6066),
+        web_bind=settings.get("web_host", "127.0.0.1"),
+        key_serializer="raw",
+        value_serializer="raw",
+        producer_max_request_size=2 * 1024 * 1024,
+        broker_session_timeout=settings.get("session_timeout_s", 30.0),
+        broker_heartbeat_interval=settings.get("heartbeat_interval_s", 3.0),
+    )
+    instance_id = settings.get("group_instance_id", "")
+    if instance_id:
+        # Static membership: a restarted worker reclaims its partitions without a rebalance.
+        options["consumer_group_instance_id"] = instance_id
+    options.update(faust_options)
+    app = GrudgeApp(settings.get("app_id", topology.name), **options)
+    runtime = FaustRuntime(app, topology, settings)
+    app.grudge_runtime = runtime  # type: ignore[attr-defined]
+    source = app.topic(topology.source_topic, key_type=bytes, value_type=bytes,
+                       key_serializer="raw", value_serializer="raw")
+    batch = settings.get("batch_size", 2000)
+    within = settings.get("batch_within_s", 0.05)
+
+    async def process(stream):
+        async for events in stream.take_events(batch, within):
+            await runtime.handle(events)
+
+    app.agent(source, name=f"{topology.name}-operator")(process)
+    app.on_partitions_assigned.connect(runtime.on_assigned)
+    app.on_partitions_revoked.connect(runtime.on_revoked)
+    app.on_before_shutdown.connect(runtime.on_shutdown)
+    app.timer(max(0.5, topology.checkpoint_interval_s / 2), name=f"{topology.name}-checkpoint")(
+        runtime.checkpoint_tick)
+
+    @app.page("/ready")
+    async def ready(web, request):
+        status = 200 if runtime.ready else 503
+        body = {"ready": runtime.ready, "assigned": sorted(runtime.assigned),
+                "restored": sorted(p for p in runtime.assigned if p in runtime.slots)}
+        return web.json(body, status=status)
+
+    @app.page("/metrics")
+    async def metrics(web, request):
+        return web.bytes(runtime.metrics.render(), content_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,29 @@
+"""Prometheus metrics of a grudge-stream worker (one registry per runtime)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        lbl = ["operator", "partition"]
+        self.events = Counter("grudge_events_total", "Valid events applied to a sketch", lbl, registry=r)
+        self.dead_letters = Counter("grudge_dead_letters_total", "Records sent to the dead-letter topic", lbl, registry=r)
+        self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
+        self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
+        self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)
+        self.snapshot_seconds = Histogram("grudge_snapshot_duration_seconds", "Snapshot write time", ["operator"],
+                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.snapshot_time = Gauge("grudge_snapshot_timestamp_seconds", "Wall time of the last snapshot (age = now - this)", lbl, registry=r)
+        self.restore_seconds = Gauge("grudge_restore_duration_seconds", "Time the last restore of a partition took", lbl, registry=r)
+        self.snapshots_refused = Counter("grudge_snapshots_refused_total", "Snapshots refused on restore (corrupt or mismatched)", lbl, registry=r)
+        self.restore_fallbacks = Counter("grudge_restore_fallbacks_total", "Restores that fell back", lbl + ["mode"], registry=r)
+        self.watermark = Gauge("grudge_watermark_ms", "Event-time watermark of a partition (ms)", lbl, registry=r)
+        self.watermark_lag = Gauge("grudge_watermark_lag_seconds", "Wall clock minus the watermark", lbl, registry=r)
+        self.sketch_memory = Gauge("grudge_sketch_memory_bytes", "Fixed memory of a partition's sketches", lbl, registry=r)
+        self.assigned = Gauge("grudge_assigned_partitions", "Source partitions assigned to this worker", registry=r)
+        self.restored = Gauge("grudge_restored_partitions", "Assigned partitions whose state is restored", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

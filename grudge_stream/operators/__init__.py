@@ -1,0 +1,10 @@
+"""Transport-free operators: a batch of source records in, output records out.
+
+Nothing here imports Faust or Kafka; the same operators run under the Faust
+runtime, the replay runner and unit tests.
+"""
+from grudge_stream.operators.base import Operator, read_snapshot
+from grudge_stream.operators.codec import BadRecord, Event, EventCodec
+from grudge_stream.operators.records import OutputRecord, SourceRecord
+
+__all__ = ["BadRecord", "Event", "EventCodec", "Operator", "OutputRecord", "SourceRecord", "read_snapshot"]

@@ -1,0 +1,140 @@
+"""Alert latches with hysteresis, bounded in memory.
+
+A key is *raised* when its score reaches ``raise_at`` and *cleared* when it
+falls to ``clear_at`` or below (``clear_at < raise_at``). The set of raised
+keys is per-key state, so it has a fixed ``capacity``: when a raise would
+exceed it, the raised keys with the lowest scores (as last seen) are dropped
+until the set is at 90% of capacity. A dropped key emits no ``cleared`` alert;
+if it is still above ``raise_at`` at its next event it is raised again (with a
+new ``alert_id``). ``evictions`` counts the drops, so operators can see an
+overflow. Memory is bounded by ``capacity`` keys whatever the attack.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+from typing import Callable, Iterator
+
+_ENTRY = struct.Struct("<dI")
+
+
+def alert_id(operator_id: str, partition: int, offset: int, state: str, key: bytes) -> str:
+    """Deterministic alert id: a consumer drops duplicates after a crash replay with it.
+
+    A function of (operator, source partition, offset, state) and the key, since one
+    record (a sweep) can clear several keys at once.
+    """
+    h = hashlib.sha256()
+    h.update(f"{operator_id}\x00{partition}\x00{offset}\x00{state}\x00".encode())
+    h.update(key)
+    return h.hexdigest()[:32]
+
+
+def key_fields(key: bytes) -> dict:
+    """JSON fields that carry a key: ``key`` as text when it is UTF-8, else ``key_b64``."""
+    try:
+        return {"key": key.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"key": None, "key_b64": base64.b64encode(key).decode("ascii")}
+
+
+class AlertLatch:
+    """The bounded set of currently raised keys, with hysteresis."""
+
+    def __init__(self, raise_at: float, clear_at: float, capacity: int = 100_000) -> None:
+        if not (clear_at < raise_at):
+            raise ValueError(f"clear_at ({clear_at}) must be below raise_at ({raise_at})")
+        if capacity < 1:
+            raise ValueError("alert latch capacity must be >= 1")
+        self.raise_at = float(raise_at)
+        self.clear_at = float(clear_at)
+        self.capacity = int(capacity)
+        self._raised: dict[bytes, float] = {}
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._raised)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._raised
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(list(self._raised))
+
+    def observe(self, key: bytes, score: float) -> str | None:
+        """Feed one key's current score; return "raised", "cleared" or None."""
+        raised = self._raised
+        if key in raised:
+            if score <= self.clear_at:
+                del raised[key]
+                return "cleared"
+            raised[key] = score
+            return None
+        if score >= self.raise_at:
+            raised[key] = score
+            if len(raised) > self.capacity:
+                self._shed()
+            return "raised"
+        return None
+
+    def sweep(self, score_of: Callable[[bytes], float]) -> list[tuple[bytes, float]]:
+        """Re-read every raised key and clear the ones that decayed to clear_at or below."""
+        cleared = []
+        for key in list(self._raised):
+            s = score_of(key)
+            if s <= self.clear_at:
+                del self._raised[key]
+                cleared.append((key, s))
+            else:
+                self._raised[key] = s
+        return cleared
+
+    def _shed(self) -> None:
+        keep = (self.capacity * 9) // 10
+        drop = len(self._raised) - keep
+        # Lowest scores first; ties broken by key bytes so the result is deterministic.
+        victims = sorted(self._raised.items(), key=lambda kv: (kv[1], kv[0]))[:drop]
+        for k, _ in victims:
+            del self._raised[k]
+        self.evictions += len(victims)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        parts = [struct.pack("<I", len(self._raised))]
+        for k, s in self._raised.items():
+            parts.append(_ENTRY.pack(s, len(k)))
+            parts.append(k)
+        return b"".join(parts)
+
+    def load(self, data: bytes) -> None:
+        view = memoryview(data)
+        (n,) = struct.unpack_from("<I", view, 0)
+        pos = 4
+        raised: dict[bytes, float] = {}
+        for _ in range(n):
+            s, klen = _ENTRY.unpack_from(view, pos)
+            pos += _ENTRY.size
+            raised[bytes(view[pos:pos + klen])] = s
+            pos += klen
+        if pos != len(view):
+            raise ValueError("alert latch state has trailing bytes")
+        if n > self.capacity:
+            raise ValueError(f"alert latch state holds {n} keys, over the capacity of {self.capacity}")
+        self._raised = raised
+
+    def make_alert(self, *, operator_id: str, key: bytes, state: str, score: float, event_time_ms: int,
+                   topic: str, partition: int, offset: int) -> bytes:
+        body = {
+            "alert_id": alert_id(operator_id, partition, offset, state, key),
+            "operator": operator_id,
+            **key_fields(key),
+            "state": state,
+            "score": score,
+            "threshold": self.raise_at if state == "raised" else self.clear_at,
+            "event_time_ms": event_time_ms,
+            "source": {"topic": topic, "partition": partition, "offset": offset},
+        }
+        return json.dumps(body, separators=(",", ":")).encode()

@@ -1,0 +1,109 @@
+"""Heavy hitters: decayed per-key rates in a DecayingCountMin, alerts and top-k reports.
+
+Each event adds its weight (default 1) to its key's epoch-decayed count. A key
+is raised when its estimate reaches ``raise_at`` and cleared at ``clear_at``
+(estimates are count-min upper bounds: a raise can be a false positive
+bounded by ``error_bound``, a heavy key is never missed). Every
+``report_interval_ms`` of event time the operator emits a ``reports`` record
+with the current top-k. Raised keys that go quiet are cleared by a sweep at
+each report.
+"""
+from __future__ import annotations
+
+import json
+
+from grudge_stream.exceptions import ConfigError
+from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.base import Operator
+from grudge_stream.operators.codec import BadRecord, Event, EventCodec
+from grudge_stream.operators.records import OutputRecord, SourceRecord
+
+
+class HeavyHitterOperator(Operator):
+    kind = "heavy_hitters"
+
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
+                 codec: EventCodec | None = None, raise_at: float, clear_at: float,
+                 top_k: int = 100, report_interval_ms: int = 10_000, latch_capacity: int = 100_000,
+                 max_future_ms: int | None = 3_600_000) -> None:
+        codec = codec or EventCodec(encoding="raw")
+        super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
+                         codec=codec, max_future_ms=max_future_ms)
+        from grudge_stream import DecayingCountMin
+
+        if report_interval_ms < 1:
+            raise ConfigError("report_interval_ms must be >= 1")
+        if top_k < 0:
+            raise ConfigError("top_k must be >= 0")
+        self.sketch_config = dict(sketch)
+        self.top_k = int(top_k)
+        self._cls = DecayingCountMin
+        self.sketch = DecayingCountMin(**self.sketch_config, top_k=self.top_k)
+        self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
+        self.report_interval_ms = int(report_interval_ms)
+        self._next_report: int | None = None
+        self.counters.update(alerts_raised=0, alerts_cleared=0, reports=0)
+
+    def config_dict(self) -> dict:
+        return {"sketch": self.sketch_config, "top_k": self.top_k, "raise_at": self.latch.raise_at,
+                "clear_at": self.latch.clear_at, "latch_capacity": self.latch.capacity,
+                "report_interval_ms": self.report_interval_ms}
+
+    def validate_event(self, ev: Event) -> None:
+        w = ev.value
+        if w < 0 or w != int(w):
+            raise BadRecord(f"weight must be a non-negative integer, got {w!r}")
+
+    def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
+              out: list[OutputRecord]) -> None:
+        if self._next_report is None:
+            self._next_report = (now_ms // self.report_interval_ms + 1) * self.report_interval_ms
+        elif now_ms >= self._next_report:
+            self._report(now_ms, rec, out)
+            self._next_report = (now_ms // self.report_interval_ms + 1) * self.report_interval_ms
+        self.sketch.increment(ev.key, int(ev.value), now_ms=now_ms)
+        est = self.sketch.query(ev.key, now_ms=now_ms)
+        state = self.latch.observe(ev.key, float(est))
+        if state is not None:
+            self._alert(ev.key, state, float(est), now_ms, rec, out)
+
+    def _report(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
+        sketch = self.sketch
+        for key, est in self.latch.sweep(lambda k: float(sketch.query(k, now_ms=now_ms))):
+            self._alert(key, "cleared", est, now_ms, rec, out)
+        if self.top_k:
+            top = [{**key_fields(k if isinstance(k, bytes) else str(k).encode()), "estimate": int(e)}
+                   for k, e in sketch.top(self.top_k)]
+            body = {"operator": self.operator_id, "partition": self.partition, "event_time_ms": now_ms,
+                    "top": top}
+            self.counters["reports"] += 1
+            out.append(OutputRecord("reports", None, json.dumps(body, separators=(",", ":")).encode()))
+
+    def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
+               out: list[OutputRecord]) -> None:
+        self.counters["alerts_" + state] += 1
+        out.append(OutputRecord("alerts", key, self.latch.make_alert(
+            operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
+            topic=rec.topic, partition=rec.partition, offset=rec.offset)))
+
+    def state_sections(self) -> list[tuple[str, bytes]]:
+        return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
+
+    def state_scalars(self) -> dict:
+        return {"next_report": self._next_report, "latch_evictions": self.latch.evictions}
+
+    def load_sections(self, sections: dict, scalars: dict) -> None:
+        sketch = self._cls.from_bytes(bytes(sections["sketch"]))
+        if sketch.config != self.sketch.config:
+            raise ConfigError("sketch section was written under another sketch configuration")
+        latch = AlertLatch(self.latch.raise_at, self.latch.clear_at, self.latch.capacity)
+        latch.load(bytes(sections["latch"]))
+        latch.evictions = int(scalars.get("latch_evictions", 0))
+        self.sketch, self.latch = sketch, latch
+        self._next_report = scalars.get("next_report")
+
+    def memory_bytes(self) -> int:
+        return self.sketch.memory_bytes()
+
+    def sketch_bytes(self) -> bytes:
+        return self.sketch.to_bytes()

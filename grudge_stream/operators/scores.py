@@ -1,0 +1,131 @@
+"""Feedback scores: outcomes raise or forgive a key's decaying score; alerts on crossings.
+
+The FAIR / grudge model: each event carries an outcome (``bad`` → +0.04,
+``good`` → -0.001, ...) or a numeric delta; a ``ScoreSketch`` keeps every
+key's score in fixed memory, decaying on its own; an ``AlertLatch`` raises a
+key at ``raise_at`` and clears it at ``clear_at``.
+
+Late events (event time below the watermark) are applied at the watermark;
+with exponential decay their delta is first weighted by
+``exp(-lambda * lateness)``, which makes the result independent of arrival
+order up to float rounding.
+
+Raised keys that stop sending events are cleared by a sweep that re-reads
+them whenever the watermark crosses a multiple of ``sweep_interval_ms``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from grudge_stream.exceptions import ConfigError, SnapshotError
+from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.base import Operator
+from grudge_stream.operators.codec import Event, EventCodec
+from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms
+
+EMIT_MODES = ("none", "crossings", "every")
+
+
+class FeedbackScoreOperator(Operator):
+    kind = "feedback_scores"
+
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
+                 codec: EventCodec | None = None, raise_at: float, clear_at: float,
+                 latch_capacity: int = 100_000, sweep_interval_ms: int = 10_000,
+                 emit_scores: str = "crossings", max_future_ms: int | None = 3_600_000) -> None:
+        codec = codec or EventCodec(outcomes={"bad": 0.04, "good": -0.001}, value_field="outcome")
+        super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
+                         codec=codec, max_future_ms=max_future_ms)
+        if emit_scores not in EMIT_MODES:
+            raise ConfigError(f"emit_scores must be one of {EMIT_MODES}, not {emit_scores!r}")
+        if sweep_interval_ms < 1:
+            raise ConfigError("sweep_interval_ms must be >= 1")
+        self.sketch_config = dict(sketch)
+        self.sketch = build_score_sketch(self.sketch_config)
+        self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
+        self.sweep_interval_ms = int(sweep_interval_ms)
+        self.emit_scores = emit_scores
+        self._lam_per_ms = decay_lambda_per_ms(self.sketch_config)
+        self._next_sweep: int | None = None
+        self.counters.update(alerts_raised=0, alerts_cleared=0)
+
+    def config_dict(self) -> dict:
+        return {
+            "sketch": self.sketch_config,
+            "raise_at": self.latch.raise_at,
+            "clear_at": self.latch.clear_at,
+            "latch_capacity": self.latch.capacity,
+            "sweep_interval_ms": self.sweep_interval_ms,
+            "emit_scores": self.emit_scores,
+        }
+
+    def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
+              out: list[OutputRecord]) -> None:
+        if self._next_sweep is None:
+            self._next_sweep = (now_ms // self.sweep_interval_ms + 1) * self.sweep_interval_ms
+        elif now_ms >= self._next_sweep:
+            self._sweep(now_ms, rec, out)
+            self._next_sweep = (now_ms // self.sweep_interval_ms + 1) * self.sweep_interval_ms
+        delta = ev.value
+        if late_ms and self._lam_per_ms:
+            delta *= math.exp(-self._lam_per_ms * late_ms)
+        score = self.sketch.update_and_query(ev.key, delta, now_ms=now_ms)
+        state = self.latch.observe(ev.key, score)
+        if state is not None:
+            self._alert(ev.key, state, score, now_ms, rec, out)
+        if self.emit_scores == "every" or (self.emit_scores == "crossings" and state is not None):
+            out.append(OutputRecord("scores", ev.key, _score_record(
+                self.operator_id, ev.key, score, now_ms, rec, state)))
+
+    def _sweep(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
+        sketch = self.sketch
+        for key, score in self.latch.sweep(lambda k: sketch.query(k, now_ms=now_ms)):
+            self._alert(key, "cleared", score, now_ms, rec, out)
+
+    def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
+               out: list[OutputRecord]) -> None:
+        self.counters["alerts_" + state] += 1
+        out.append(OutputRecord("alerts", key, self.latch.make_alert(
+            operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
+            topic=rec.topic, partition=rec.partition, offset=rec.offset)))
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def state_sections(self) -> list[tuple[str, bytes]]:
+        return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
+
+    def state_scalars(self) -> dict:
+        return {"next_sweep": self._next_sweep, "latch_evictions": self.latch.evictions}
+
+    def load_sections(self, sections: dict, scalars: dict) -> None:
+        sketch = type(self.sketch).from_bytes(bytes(sections["sketch"]))
+        if sketch.config != self.sketch.config:
+            raise SnapshotError("sketch section was written under another sketch configuration")
+        latch = AlertLatch(self.latch.raise_at, self.latch.clear_at, self.latch.capacity)
+        latch.load(bytes(sections["latch"]))
+        latch.evictions = int(scalars.get("latch_evictions", 0))
+        self.sketch, self.latch = sketch, latch
+        self._next_sweep = scalars.get("next_sweep")
+
+    def memory_bytes(self) -> int:
+        return self.sketch.memory_bytes()
+
+    def sketch_bytes(self) -> bytes:
+        return self.sketch.to_bytes()
+
+
+def _score_record(operator_id: str, key: bytes, score: float, now_ms: int, rec: SourceRecord,
+                  state: str | None) -> bytes:
+    body: dict[str, Any] = {
+        "operator": operator_id,
+        **key_fields(key),
+        "score": score,
+        "event_time_ms": now_ms,
+        "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},
+    }
+    if state is not None:
+        body["crossing"] = state
+    return json.dumps(body, separators=(",", ":")).encode()

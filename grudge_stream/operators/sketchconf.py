@@ -1,0 +1,52 @@
+"""Build sketches from the plain dicts that topologies and snapshots carry.
+
+A sketch config dict is JSON-friendly so it can be fingerprinted and logged::
+
+    {"levels": 4, "cells_per_level": 100000,
+     "decay": {"kind": "exponential", "lambda_per_s": 0.01},
+     "lo": 0.0, "hi": 1.0, "aggregator": "min", "hasher": "siphash", "seed": 42}
+
+Decay kinds: ``exponential`` (``lambda_per_s``), ``linear`` (``rate_per_s``),
+``none``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from grudge_stream.exceptions import ConfigError
+
+
+def build_decay(spec: dict) -> Any:
+    from grudge_stream import Exponential, Linear, NoDecay
+
+    kind = spec.get("kind")
+    if kind == "exponential":
+        return Exponential(float(spec["lambda_per_s"]))
+    if kind == "linear":
+        return Linear(float(spec["rate_per_s"]))
+    if kind == "none":
+        return NoDecay()
+    raise ConfigError(f"unknown decay kind {kind!r}; expected 'exponential', 'linear' or 'none'")
+
+
+def score_sketch_kwargs(conf: dict) -> dict:
+    kwargs = {k: v for k, v in conf.items() if k != "decay"}
+    kwargs["decay"] = build_decay(conf.get("decay", {"kind": "exponential", "lambda_per_s": 0.01}))
+    return kwargs
+
+
+def build_score_sketch(conf: dict) -> Any:
+    from grudge_stream import ScoreSketch
+
+    try:
+        return ScoreSketch(**score_sketch_kwargs(conf))
+    except TypeError as exc:
+        raise ConfigError(f"bad ScoreSketch config {conf!r}: {exc}") from None
+
+
+def decay_lambda_per_ms(conf: dict) -> float:
+    """The exponential decay constant per millisecond, or 0 for other decays."""
+    spec = conf.get("decay", {"kind": "exponential", "lambda_per_s": 0.01})
+    if spec.get("kind") == "exponential":
+        return float(spec["lambda_per_s"]) / 1000.0
+    return 0.0

@@ -1,0 +1,165 @@
+"""Per-partition operator state with checkpoints: the runtime-independent core.
+
+Both runtimes (Faust agents, the confluent-kafka batch runner) hold one
+``PartitionSlot`` per assigned source partition and call the same three
+things: ``restore`` on assignment (blocking: run it in an executor from
+asyncio code), ``process`` for each batch of that partition's records, and
+``checkpoint`` on the checkpoint cadence, on revocation and on shutdown.
+
+Restore rules (docs/checkpoints.md):
+
+- the newest snapshot whose checksum, config fingerprint, topic and partition
+  match is adopted; the partition is then processed from exactly its
+  ``next_offset`` (records below it are skipped, whatever the committed
+  consumer offset says);
+- a refused newest snapshot falls back to the previous generation; when no
+  generation is usable the topology's ``restore_fallback`` decides: ``replay``
+  (a fresh operator that replays the partition from its earliest retained
+  offset, logged at ERROR level and counted) or ``fail`` (the worker refuses
+  the partition with an explanation) — never a silent empty sketch;
+- a snapshot taken when the source topic had another partition count is
+  refused with ``PartitionCountChanged``: keys would have moved between sketches.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from grudge_stream.checkpoint import CheckpointStore, SnapshotRef
+from grudge_stream.exceptions import CheckpointError, PartitionCountChanged
+from grudge_stream.metrics import Metrics
+from grudge_stream.operators.base import Operator
+from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.outputs import OutputPublisher
+from grudge_stream.topology import Topology
+
+log = logging.getLogger("grudge_stream.partitions")
+
+
+@dataclass
+class RestoreOutcome:
+    operator: Operator
+    start_offset: int | None  # where processing must start; None = wherever the consumer is
+    mode: str  # "snapshot", "previous", "fresh", "replay"
+    seconds: float
+
+
+def restore_partition(topology: Topology, store: CheckpointStore, partition: int,
+                      partition_count: int, low_watermark: Callable[[], int],
+                      metrics: Metrics | None = None) -> RestoreOutcome:
+    """Build partition ``partition``'s operator from its newest usable snapshot."""
+    t0 = time.perf_counter()
+    op = topology.make_operator(partition)
+    labels = (op.operator_id, str(partition))
+
+    def accept(ref: SnapshotRef, blob: bytes) -> None:
+        if ref.partition_count != partition_count:
+            raise PartitionCountChanged(
+                f"the snapshot of {topology.source_topic}[{partition}] was taken when the topic had "
+                f"{ref.partition_count} partitions; it now has {partition_count}. Keys have moved "
+                "between partitions, so no partition's sketch describes its keys any more. Operator "
+                "action: restore the old partition count, or start this topology under a new "
+                "operator id / snapshot topic and replay the history."
+            )
+        probe = topology.make_operator(partition)
+        probe.restore(blob)  # SnapshotError / MismatchError refuse it
+
+    result = store.restore(op.operator_id, partition, accept=accept)
+    if metrics is not None and result.refused:
+        metrics.snapshots_refused.labels(*labels).inc(len(result.refused))
+    if result.blob is not None:
+        op.restore(result.blob)
+        mode = "previous" if result.refused else "snapshot"
+        if mode == "previous" and metrics is not None:
+            metrics.restore_fallbacks.labels(*labels, "previous").inc()
+        start = op.next_offset
+    elif result.refused:
+        reasons = "; ".join(f"generation {g}: {why}" for g, why in result.refused)
+        if topology.restore_fallback == "fail":
+            raise CheckpointError(
+                f"no usable snapshot for {op.operator_id} {topology.source_topic}[{partition}] ({reasons}). "
+                "Operator action: fix the configuration to match the snapshot, or set "
+                "restore_fallback=replay to rebuild the state from the earliest retained offset."
+            )
+        start = low_watermark()
+        log.error("no usable snapshot for %s %s[%d] (%s); replaying from the earliest retained offset %d",
+                  op.operator_id, topology.source_topic, partition, reasons, start)
+        if metrics is not None:
+            metrics.restore_fallbacks.labels(*labels, "replay").inc()
+        op.next_offset = start
+        mode = "replay"
+    else:
+        start, mode = None, "fresh"
+    seconds = time.perf_counter() - t0
+    if metrics is not None:
+        metrics.restore_seconds.labels(*labels).set(seconds)
+        metrics.sketch_memory.labels(*labels).set(op.memory_bytes())
+    log.info("restored %s %s[%d] mode=%s next_offset=%s watermark=%s in %.3fs", op.operator_id,
+             topology.source_topic, partition, mode, op.next_offset, op.watermark, seconds)
+    return RestoreOutcome(op, start, mode, seconds)
+
+
+class PartitionSlot:
+    """One assigned partition: its operator, and what its last snapshot covered."""
+
+    def __init__(self, topology: Topology, partition: int, outcome: RestoreOutcome,
+                 partition_count: int, metrics: Metrics | None = None) -> None:
+        self.topology = topology
+        self.partition = partition
+        self.operator = outcome.operator
+        self.restore_mode = outcome.mode
+        self.start_offset = outcome.start_offset
+        self.partition_count = partition_count
+        self.metrics = metrics
+        self.snapshotted_offset = self.operator.next_offset
+        self.last_snapshot_wall = time.monotonic()
+        self._labels = (self.operator.operator_id, str(partition))
+        self._seen = dict(self.operator.counters)
+
+    @property
+    def dirty(self) -> bool:
+        return self.operator.next_offset != self.snapshotted_offset
+
+    def process(self, records: Sequence[SourceRecord]) -> list[OutputRecord]:
+        out = self.operator.process(records)
+        if self.metrics is not None:
+            self._update_metrics()
+        return out
+
+    def _update_metrics(self) -> None:
+        m, c, labels = self.metrics, self.operator.counters, self._labels
+        for name, counter in (("events", m.events), ("dead_letters", m.dead_letters)):
+            d = c.get(name, 0) - self._seen.get(name, 0)
+            if d:
+                counter.labels(*labels).inc(d)
+        for state in ("raised", "cleared"):
+            d = c.get("alerts_" + state, 0) - self._seen.get("alerts_" + state, 0)
+            if d:
+                m.alerts.labels(*labels, state).inc(d)
+        self._seen = dict(c)
+        wm = self.operator.watermark
+        if wm is not None:
+            m.watermark.labels(*labels).set(wm)
+            m.watermark_lag.labels(*labels).set(time.time() - wm / 1000.0)
+
+    def checkpoint(self, store: CheckpointStore, publisher: OutputPublisher | None) -> SnapshotRef | None:
+        """Flush outputs, then write a snapshot if anything changed since the last one."""
+        if not self.dirty:
+            return None
+        t0 = time.perf_counter()
+        if publisher is not None:
+            publisher.flush()
+        op = self.operator
+        blob = op.snapshot()
+        ref = store.write(op.operator_id, self.partition, blob, next_offset=op.next_offset,
+                          watermark=op.watermark, fingerprint=op.fingerprint,
+                          source_topic=self.topology.source_topic, partition_count=self.partition_count)
+        self.snapshotted_offset = op.next_offset
+        self.last_snapshot_wall = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.snapshot_seconds.labels(op.operator_id).observe(time.perf_counter() - t0)
+            self.metrics.snapshot_bytes.labels(*self._labels).set(len(blob))
+            self.metrics.snapshot_time.labels(*self._labels).set(time.time())
+        return ref

@@ -1,0 +1,54 @@
+"""Creating and checking a topology's topics."""
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from grudge_stream.checkpoint import SNAPSHOT_TOPIC_CONFIG
+from grudge_stream.exceptions import ConfigError
+from grudge_stream.topology import Topology
+
+
+def topic_partitions(admin: AdminClient, topic: str, timeout: float = 30.0) -> int | None:
+    md = admin.list_topics(timeout=timeout)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        return None
+    return len(t.partitions)
+
+
+def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], timeout: float = 30.0) -> list[str]:
+    """Create the missing topics of ``{name: (partitions, config)}``; return the created names."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    new = [NewTopic(name, num_partitions=parts, replication_factor=1, config=conf)
+           for name, (parts, conf) in specs.items() if name not in existing]
+    created = []
+    if new:
+        for name, fut in admin.create_topics(new, request_timeout=timeout).items():
+            try:
+                fut.result(timeout=timeout)
+                created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    return created
+
+
+def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partitions: int | None = None,
+                           create_source: bool = False) -> int:
+    """Create the output and snapshot topics (and the source, if asked); return the source's partitions."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    n = topic_partitions(admin, topology.source_topic)
+    if n is None:
+        if not create_source:
+            raise ConfigError(
+                f"source topic {topology.source_topic!r} does not exist on {bootstrap_servers}. "
+                "Operator action: create it (or run `grudge-stream topics <topology> --partitions N`)."
+            )
+        n = partitions or 8
+        create_topics(bootstrap_servers, {topology.source_topic: (n, {})})
+    specs: dict[str, tuple[int, dict]] = {t: (n, {}) for t in set(topology.outputs.values())}
+    specs[topology.snapshot_topic] = (n, dict(SNAPSHOT_TOPIC_CONFIG))
+    create_topics(bootstrap_servers, specs)
+    return n

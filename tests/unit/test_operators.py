@@ -1,0 +1,248 @@
+"""Operator unit tests: no broker, the real sketches."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from grudge_stream import MismatchError, SnapshotError
+from grudge_stream.operators import EventCodec, SourceRecord
+from grudge_stream.operators.alerts import AlertLatch, alert_id
+from grudge_stream.operators.dedup import DedupOperator
+from grudge_stream.operators.heavy import HeavyHitterOperator
+from grudge_stream.operators.scores import FeedbackScoreOperator
+
+TOPIC = "events"
+SKETCH = {"levels": 3, "cells_per_level": 5_000, "decay": {"kind": "exponential", "lambda_per_s": 0.05},
+          "lo": 0.0, "hi": 1.0, "aggregator": "min", "hasher": "siphash", "seed": 11}
+CODEC = EventCodec(value_field="outcome", outcomes={"bad": 0.1, "good": -0.01}, allow_numbers=False)
+
+
+def score_op(partition: int = 0, **kw) -> FeedbackScoreOperator:
+    args = dict(operator_id="scores", source_topic=TOPIC, partition=partition, sketch=SKETCH, codec=CODEC,
+                raise_at=0.5, clear_at=0.2, sweep_interval_ms=2_000, emit_scores="crossings")
+    args.update(kw)
+    return FeedbackScoreOperator(**args)
+
+
+def stream(n: int = 3000, seed: int = 1, partition: int = 0, abusers: int = 3, start_offset: int = 0,
+           jitter_ms: int = 0) -> list[SourceRecord]:
+    rnd = random.Random(seed)
+    out = []
+    t = 1_000_000
+    for i in range(n):
+        t += rnd.randint(0, 40)
+        if rnd.random() < 0.15:
+            key, bad = f"abuser-{rnd.randrange(abusers)}", rnd.random() < 0.9
+        else:
+            key, bad = f"user-{rnd.randrange(500)}", rnd.random() < 0.05
+        ts = t - (rnd.randint(0, jitter_ms) if jitter_ms else 0)
+        out.append(SourceRecord(TOPIC, partition, start_offset + i, ts, key.encode(),
+                                json.dumps({"outcome": "bad" if bad else "good"}).encode()))
+    return out
+
+
+def run(op, records, splits=None):
+    outs = []
+    if splits is None:
+        outs.extend(op.process(records))
+    else:
+        pos = 0
+        for s in splits:
+            outs.extend(op.process(records[pos:pos + s]))
+            pos += s
+        outs.extend(op.process(records[pos:]))
+    return outs
+
+
+def test_processing_is_split_invariant_and_raises_alerts() -> None:
+    recs = stream()
+    ref_op = score_op()
+    ref = run(ref_op, recs)
+    alerts = [json.loads(o.value) for o in ref if o.role == "alerts"]
+    assert {a["key"] for a in alerts if a["state"] == "raised"} >= {"abuser-0", "abuser-1", "abuser-2"}
+    rnd = random.Random(5)
+    for _ in range(5):
+        op = score_op()
+        splits = [rnd.randint(0, 400) for _ in range(12)]
+        assert run(op, recs, splits) == ref
+        assert op.snapshot() == ref_op.snapshot()
+
+
+def test_snapshot_restore_continues_exactly() -> None:
+    recs = stream(seed=2)
+    ref_op = score_op()
+    ref = run(ref_op, recs)
+    for cut in (0, 1, 777, 2999, 3000):
+        a = score_op()
+        out = a.process(recs[:cut])
+        b = score_op()
+        b.restore(a.snapshot())
+        # Replaying from the start skips what the snapshot already reflects.
+        out += b.process(recs)
+        assert out == ref
+        assert b.snapshot() == ref_op.snapshot()
+        assert b.next_offset == 3000
+
+
+def test_alerts_follow_hysteresis_and_ids_are_deterministic() -> None:
+    op = score_op()
+    key = b"k"
+    recs = [SourceRecord(TOPIC, 0, i, 10_000 + i, key, b'{"outcome":"bad"}') for i in range(6)]
+    out = op.process(recs)
+    alerts = [json.loads(o.value) for o in out if o.role == "alerts"]
+    assert [a["state"] for a in alerts] == ["raised"]
+    a = alerts[0]
+    assert a["score"] >= 0.5 and a["threshold"] == 0.5 and a["key"] == "k"
+    assert a["alert_id"] == alert_id("scores", 0, a["source"]["offset"], "raised", key)
+    assert set(a) >= {"alert_id", "operator", "key", "state", "score", "threshold", "event_time_ms", "source"}
+    # Forgiveness alone does not clear before the score falls to clear_at ...
+    out = op.process([SourceRecord(TOPIC, 0, 6, 10_010, key, b'{"outcome":"good"}')])
+    assert not [o for o in out if o.role == "alerts"]
+    # ... but decay does, found by the sweep when event time moves on (another key's event).
+    later = 10_010 + int(1000 * math.log(0.6 / 0.2) / 0.05) + 2_000
+    out = op.process([SourceRecord(TOPIC, 0, 7, later, b"other", b'{"outcome":"good"}')])
+    cleared = [json.loads(o.value) for o in out if o.role == "alerts"]
+    assert [(c["key"], c["state"]) for c in cleared] == [("k", "cleared")]
+    assert cleared[0]["score"] <= 0.2 and cleared[0]["threshold"] == 0.2
+
+
+BAD_VALUES = [
+    b"{not json", b"\xff\xfe", b"[]", b'"bad"', b"{}", b'{"outcome": "terrible"}', b'{"outcome": 3}',
+    b'{"outcome": null}', b'{"outcome": NaN}', b"", None,
+]
+
+
+def test_bad_records_are_dead_lettered_and_touch_nothing() -> None:
+    clean = stream(n=1500, seed=3)
+    mixed: list[SourceRecord] = []
+    rnd = random.Random(9)
+    offset = 0
+    bad_count = 0
+    for r in clean:
+        if rnd.random() < 0.3:
+            kind = rnd.randrange(len(BAD_VALUES) + 3)
+            if kind < len(BAD_VALUES):
+                bad = SourceRecord(TOPIC, 0, offset, r.timestamp_ms, b"x", BAD_VALUES[kind])
+            elif kind == len(BAD_VALUES):
+                bad = SourceRecord(TOPIC, 0, offset, r.timestamp_ms, None, b'{"outcome": "bad"}')
+            elif kind == len(BAD_VALUES) + 1:
+                bad = SourceRecord(TOPIC, 0, offset, -5, b"x", b'{"outcome": "bad"}')
+            else:
+                bad = SourceRecord(TOPIC, 0, offset, 2**60, b"x", b'{"outcome": "bad"}')
+            mixed.append(bad)
+            bad_count += 1
+            offset += 1
+        mixed.append(SourceRecord(TOPIC, 0, offset, r.timestamp_ms, r.key, r.value))
+        offset += 1
+    ref_op, op = score_op(), score_op()
+    ref_out = ref_op.process(clean)
+    out = op.process(mixed)
+    dead = [json.loads(o.value) for o in out if o.role == "dead_letters"]
+    assert len(dead) == bad_count == op.counters["dead_letters"]
+    assert all(d["reason"] and d["source"]["topic"] == TOPIC for d in dead)
+    assert op.sketch_bytes() == ref_op.sketch_bytes()
+    strip = lambda outs: [(o.role, o.key, {k: v for k, v in json.loads(o.value).items()  # noqa: E731
+                                          if k not in ("alert_id", "source")}) for o in outs if o.role != "dead_letters"]
+    assert strip(out) == strip(ref_out)
+
+
+def test_future_records_are_dead_lettered_not_fast_forwarding_the_clock() -> None:
+    codec = EventCodec(value_field="outcome", outcomes={"bad": 0.1}, time_field="ts")
+    op = score_op(codec=codec, max_future_ms=60_000)
+    recs = [
+        SourceRecord(TOPIC, 0, 0, 1_000_000, b"a", b'{"outcome":"bad","ts":1000000}'),
+        SourceRecord(TOPIC, 0, 1, 1_000_100, b"a", b'{"outcome":"bad","ts":99000000}'),
+        SourceRecord(TOPIC, 0, 2, 1_000_200, b"a", b'{"outcome":"bad","ts":1000150}'),
+    ]
+    out = op.process(recs)
+    dead = [json.loads(o.value) for o in out if o.role == "dead_letters"]
+    assert len(dead) == 1 and "ahead" in dead[0]["reason"] and dead[0]["source"]["offset"] == 1
+    assert op.watermark == 1_000_150
+
+
+def test_late_events_are_preweighted_so_order_does_not_matter() -> None:
+    # Without clamping, a cell is a sum of exp-weighted deltas: arrival order only changes rounding.
+    wide = {**SKETCH, "lo": -1000.0, "hi": 1000.0}
+    recs = stream(n=2000, seed=4, jitter_ms=3000)
+    a, b = score_op(sketch=wide), score_op(sketch=wide)
+    a.process(recs)
+    assert a.counters["late"] > 500
+    in_order = sorted(recs, key=lambda r: (r.timestamp_ms, r.offset))
+    b.process([SourceRecord(r.topic, r.partition, i, r.timestamp_ms, r.key, r.value)
+               for i, r in enumerate(in_order)])
+    assert a.watermark == b.watermark
+    for k in [b"abuser-0", b"abuser-1", b"abuser-2", b"user-3", b"user-77"]:
+        qa = a.sketch.query(k, now_ms=a.watermark)
+        qb = b.sketch.query(k, now_ms=b.watermark)
+        assert qa == pytest.approx(qb, rel=1e-9, abs=1e-12)
+
+
+def test_restore_refuses_corrupt_and_mismatched_snapshots_and_keeps_state() -> None:
+    op = score_op()
+    op.process(stream(n=300, seed=6))
+    blob = op.snapshot()
+    target = score_op()
+    before = target.snapshot()
+    for i in range(0, len(blob), max(1, len(blob) // 300)):
+        bad = bytearray(blob)
+        bad[i] ^= 0x10
+        with pytest.raises(SnapshotError):
+            target.restore(bytes(bad))
+    with pytest.raises(SnapshotError):
+        target.restore(blob[:-1])
+    assert target.snapshot() == before
+    other = score_op(raise_at=0.6)
+    with pytest.raises(MismatchError):
+        other.restore(blob)
+    other_seed = score_op(sketch={**SKETCH, "seed": 12})
+    with pytest.raises(MismatchError):
+        other_seed.restore(blob)
+    with pytest.raises(MismatchError):
+        score_op(partition=1).restore(blob)
+
+
+def test_alert_latch_is_bounded_under_a_flood_of_raises() -> None:
+    latch = AlertLatch(0.5, 0.2, capacity=1000)
+    for i in range(50_000):
+        latch.observe(f"k{i}".encode(), 0.5 + (i % 97) / 1000)
+        assert len(latch) <= 1000
+    assert latch.evictions > 0
+    restored = AlertLatch(0.5, 0.2, capacity=1000)
+    restored.load(latch.to_bytes())
+    assert list(restored.keys()) == list(latch.keys())
+
+
+def test_heavy_hitter_operator_alerts_and_reports() -> None:
+    op = HeavyHitterOperator(operator_id="hh", source_topic=TOPIC, partition=0,
+                             sketch={"depth": 4, "width": 4096, "epoch_ms": 1000, "seed": 3},
+                             raise_at=200, clear_at=50, top_k=10, report_interval_ms=1000)
+    rnd = random.Random(1)
+    recs = []
+    for i in range(20_000):
+        key = b"10.0.0.66" if rnd.random() < 0.2 else f"10.1.{rnd.randrange(200)}.{rnd.randrange(250)}".encode()
+        recs.append(SourceRecord(TOPIC, 0, i, 5_000 + i // 4, key, None))
+    out = op.process(recs)
+    raised = [json.loads(o.value) for o in out if o.role == "alerts"]
+    assert [a["key"] for a in raised if a["state"] == "raised"] == ["10.0.0.66"]
+    reports = [json.loads(o.value) for o in out if o.role == "reports"]
+    assert reports and reports[-1]["top"][0]["key"] == "10.0.0.66"
+    clone = HeavyHitterOperator(operator_id="hh", source_topic=TOPIC, partition=0,
+                                sketch={"depth": 4, "width": 4096, "epoch_ms": 1000, "seed": 3},
+                                raise_at=200, clear_at=50, top_k=10, report_interval_ms=1000)
+    clone.restore(op.snapshot())
+    assert clone.snapshot() == op.snapshot()
+
+
+def test_dedup_operator_forwards_first_sightings_only() -> None:
+    op = DedupOperator(operator_id="dd", source_topic=TOPIC, partition=0,
+                       bloom={"capacity": 10_000, "fp_rate": 0.001, "period_ms": 60_000, "seed": 5})
+    recs = [SourceRecord(TOPIC, 0, i, 1000 + i, f"id-{i % 700}".encode(), f"payload-{i}".encode())
+            for i in range(2000)]
+    out = op.process(recs)
+    fwd = [o for o in out if o.role == "forward"]
+    assert [o.key for o in fwd] == [f"id-{i}".encode() for i in range(700)]
+    assert fwd[3].value == b"payload-3"
+    assert op.counters["duplicates"] == 1300

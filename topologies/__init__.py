@@ -1,0 +1,1 @@
+"""Deployable grudge-stream topologies: each module defines ``build(settings) -> Topology``."""
