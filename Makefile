@@ -7,6 +7,7 @@ BIN    := $(VENV)/bin
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV), start a local Kafka broker, run pytest"
+	@echo "make demo          local broker + abuse-score worker + traffic; prints the alerts as they arrive"
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
 	@echo "make bench         run every benchmark script in benchmarks/"
 	@echo "make broker-start  start the local single-node KRaft broker (jars fetched with Maven on first use)"
@@ -28,6 +29,10 @@ test: install
 
 test-unit: install
 	$(BIN)/pytest tests/unit tests/property tests/golden
+
+demo: install
+	$(BIN)/python -m grudge_stream.devkafka jars
+	$(BIN)/grudge-stream demo
 
 bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -198,7 +198,7 @@ class CheckpointStore:
 
     def ensure_topic(self, partitions: int, replication_factor: int = 1) -> None:
         """Create the snapshot topic (compacted) if it does not exist."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 3})
         md = admin.list_topics(timeout=self.timeout_s)
         if self.topic in md.topics and not md.topics[self.topic].error:
             self._partitions = len(md.topics[self.topic].partitions)
@@ -215,7 +215,7 @@ class CheckpointStore:
 
     def partitions(self) -> int:
         if self._partitions is None:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 3})
             deadline = time.monotonic() + self.timeout_s
             while True:
                 md = admin.list_topics(topic=self.topic, timeout=self.timeout_s)

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(func=cmd_topics)
 
     d = sub.add_parser("demo", help="local broker + abuse-score worker + traffic; prints alerts")
-    d.add_argument("--seconds", type=float, default=60.0)
+    d.add_argument("--seconds", type=float, default=45.0)
     d.add_argument("--partitions", type=int, default=4)
     d.add_argument("--rate", type=float, default=2000.0, help="events per second of traffic")
     d.set_defaults(func=cmd_demo)

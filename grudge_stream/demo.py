@@ -27,7 +27,7 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def run_demo(seconds: float = 60.0, partitions: int = 4, rate: float = 2000.0) -> int:
+def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -> int:
     from grudge_stream.devkafka import LocalKafka, free_port
     from grudge_stream.topics import ensure_topology_topics
     from grudge_stream.topology import Settings, load_topology
@@ -46,6 +46,9 @@ def run_demo(seconds: float = 60.0, partitions: int = 4, rate: float = 2000.0) -
         "dead_letter_topic": f"demo-{run}-dead-letters",
         "snapshot_topic": f"demo-{run}-snapshots",
         "app_name": f"demo-{run}",
+        # A fast decay (half-life ~7 s) so the demo also shows keys clearing once abuse stops.
+        "decay_per_s": "0.1",
+        "sweep_interval_ms": "2000",
         "bootstrap_servers": bootstrap,
     }
     worker = None
@@ -64,6 +67,7 @@ def run_demo(seconds: float = 60.0, partitions: int = 4, rate: float = 2000.0) -
         with open(log_path, "wb") as log_file:
             worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         _traffic_and_alerts(bootstrap, topology, seconds, rate)
+        _say(f"worker log: {log_path}")
         return 0
     finally:
         if worker is not None and worker.poll() is None:
@@ -83,16 +87,19 @@ def _traffic_and_alerts(bootstrap: str, topology, seconds: float, rate: float) -
     consumer.subscribe([topology.outputs["alerts"]])
     rnd = random.Random(7)
     users = [f"user-{i:05d}" for i in range(5000)]
+    quiet_at = seconds * 0.5
     _say(f"producing ~{rate:.0f} events/s for {seconds:.0f}s: 5000 users (2% bad), "
-         f"{len(ABUSERS)} abusers (85% bad) — alerts from {topology.outputs['alerts']}:")
+         f"{len(ABUSERS)} abusers (85% bad) who stop after {quiet_at:.0f}s — alerts from "
+         f"{topology.outputs['alerts']}:")
     start = time.monotonic()
     sent = 0
     raised: dict[str, float] = {}
+    cleared: set[str] = set()
     tick = 0.05
     while time.monotonic() - start < seconds:
         t0 = time.monotonic()
         for _ in range(int(rate * tick)):
-            if rnd.random() < 0.02:
+            if rnd.random() < 0.02 and time.monotonic() - start < quiet_at:
                 key, bad = rnd.choice(ABUSERS), rnd.random() < 0.85
             else:
                 key, bad = rnd.choice(users), rnd.random() < 0.02
@@ -113,10 +120,12 @@ def _traffic_and_alerts(bootstrap: str, topology, seconds: float, rate: float) -
                  f"offset={alert['source']['offset']}")
             if alert["state"] == "raised":
                 raised[key] = alert["score"]
+            else:
+                cleared.add(key)
         time.sleep(max(0.0, tick - (time.monotonic() - t0)))
     producer.flush(10)
     consumer.close()
     abusive = sorted(k for k in raised if k in ABUSERS)
     innocent = sorted(k for k in raised if k not in ABUSERS)
     _say(f"sent {sent} events; raised {len(raised)} keys: {len(abusive)}/{len(ABUSERS)} abusers "
-         f"{abusive}, {len(innocent)} others {innocent[:10]}")
+         f"{abusive}, {len(innocent)} others {innocent[:10]}; cleared {len(cleared)}")

@@ -19,7 +19,7 @@ def topic_partitions(admin: AdminClient, topic: str, timeout: float = 30.0) -> i
 
 def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], timeout: float = 30.0) -> list[str]:
     """Create the missing topics of ``{name: (partitions, config)}``; return the created names."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
     existing = set(admin.list_topics(timeout=timeout).topics)
     new = [NewTopic(name, num_partitions=parts, replication_factor=1, config=conf)
            for name, (parts, conf) in specs.items() if name not in existing]
@@ -38,7 +38,7 @@ def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], ti
 def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partitions: int | None = None,
                            create_source: bool = False) -> int:
     """Create the output and snapshot topics (and the source, if asked); return the source's partitions."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
     n = topic_partitions(admin, topology.source_topic)
     if n is None:
         if not create_source:

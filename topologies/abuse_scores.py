@@ -18,7 +18,8 @@ Settings (flag ``--set name=value`` or environment ``GRUDGE_<NAME>``):
 ``levels`` (4), ``cells_per_level`` (100000), ``decay_per_s`` (0.01),
 ``bad_delta`` (0.04), ``good_delta`` (-0.001), ``raise_at`` (0.5),
 ``clear_at`` (0.25), ``seed`` (0), ``emit_scores`` (crossings),
-``latch_capacity`` (100000), ``checkpoint_interval_s`` (5),
+``latch_capacity`` (100000), ``sweep_interval_ms`` (10000: how often, in event time, raised
+keys that went quiet are re-read so they can clear), ``checkpoint_interval_s`` (5),
 ``restore_fallback`` (replay), ``max_future_ms`` (3600000).
 """
 from __future__ import annotations
@@ -54,12 +55,13 @@ def build(settings: Settings) -> Topology:
     emit_scores = settings.get("emit_scores", "crossings")
     latch_capacity = settings.get("latch_capacity", 100_000)
     max_future_ms = settings.get("max_future_ms", 3_600_000)
+    sweep_interval_ms = settings.get("sweep_interval_ms", 10_000)
 
     def make_operator(partition: int) -> FeedbackScoreOperator:
         return FeedbackScoreOperator(
             operator_id=operator_id, source_topic=source, partition=partition, sketch=sketch,
             codec=codec, raise_at=raise_at, clear_at=clear_at, latch_capacity=latch_capacity,
-            emit_scores=emit_scores, max_future_ms=max_future_ms,
+            emit_scores=emit_scores, max_future_ms=max_future_ms, sweep_interval_ms=sweep_interval_ms,
         )
 
     return Topology(

@@ -102,7 +102,7 @@ class FaustRuntime:
         return {tp.partition for tp in tps if tp.topic == self.topology.source_topic}
 
     def _topic_partition_count(self) -> int:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
         md = admin.list_topics(topic=self.topology.source_topic, timeout=30)
         return len(md.topics[self.topology.source_topic].partitions)
 
