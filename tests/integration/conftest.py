@@ -30,10 +30,17 @@ from grudge_stream.topics import ensure_topology_topics
 from grudge_stream.topology import Settings, load_topology
 
 
-def make_events(n: int, seed: int = 1, start_ms: int = 1_700_000_000_000, abusers: int = 8,
+def make_events(n: int, seed: int = 1, start_ms: int | None = None, abusers: int = 8,
                 users: int = 3000) -> list[tuple[bytes, bytes, int]]:
-    """(key, value, timestamp_ms) triples: a few abusive clients among many good ones."""
+    """(key, value, timestamp_ms) triples: a few abusive clients among many good ones.
+
+    Timestamps start ten minutes ago by default: the broker deletes segments whose records
+    are older than the topic's retention (7 days), so fixed historical timestamps would
+    make records vanish in the middle of a test.
+    """
     rnd = random.Random(seed)
+    if start_ms is None:
+        start_ms = (time.time_ns() // 1_000_000 - 600_000) // 1000 * 1000
     out = []
     t = start_ms
     for _ in range(n):

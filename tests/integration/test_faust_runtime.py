@@ -189,7 +189,7 @@ def test_corrupt_or_foreign_snapshots_are_refused_and_recovery_falls_back(harnes
 def test_event_time_makes_processing_speed_irrelevant(harness) -> None:
     part = lambda i, key: (sum(key) % 2)  # noqa: E731
     fast = harness(partitions=2)
-    events = fast.make_events(20_000, seed=15)
+    events = fast.make_events(20_000, seed=15)  # the same timestamps for both runs
     fast.produce(events, partition_of=part)
     w = fast.start_worker()
     fast.wait_caught_up()
