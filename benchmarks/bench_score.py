@@ -16,6 +16,7 @@ median of --runs runs (after one warm-up). Memory parts run in fresh
 subprocesses so that RSS is not polluted by earlier parts. The last line is a
 JSON summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,9 @@ import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would steal a core
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from grudge_stream import Exponential, ScoreSketch  # noqa: E402
+from grudge_stream import Exponential, ScoreSketch
 
 L, M, LAMBDA, ZIPF_S, KEY_LEN = 4, 100_000, 0.01, 1.1, 16
 BASE_MS = 1_700_000_000_000
@@ -52,12 +53,13 @@ def zipf_events(n_keys: int, n_events: int, rng: np.random.Generator) -> np.ndar
 
 def fresh_keys(rows: np.ndarray) -> list:
     blob = rows.tobytes()
-    return [blob[i:i + KEY_LEN] for i in range(0, len(blob), KEY_LEN)]
+    return [blob[i : i + KEY_LEN] for i in range(0, len(blob), KEY_LEN)]
 
 
 def new_sketch() -> ScoreSketch:
-    return ScoreSketch(levels=L, cells_per_level=M, decay=Exponential(LAMBDA), lo=0.0, hi=math.inf,
-                       seed=42)
+    return ScoreSketch(
+        levels=L, cells_per_level=M, decay=Exponential(LAMBDA), lo=0.0, hi=math.inf, seed=42
+    )
 
 
 def median_runs(fn, runs: int) -> tuple:
@@ -82,17 +84,22 @@ def part_throughput(args) -> dict:
     n = args.events
     s = new_sketch()
     hashes = s.key_hashes(keys)
-    out: dict = {"events": n, "distinct_keys": args.keys, "distinct_keys_seen": int(len(np.unique(ev)))}
+    out: dict = {
+        "events": n,
+        "distinct_keys": args.keys,
+        "distinct_keys_seen": int(len(np.unique(ev))),
+    }
 
     def timed(loop):
         def run():
             t = time.perf_counter()
             loop()
             return (time.perf_counter() - t) / n * 1e9
+
         return run
 
     def empty_loop():
-        for k, t in zip(keys, nows):
+        for _k, _t in zip(keys, nows):
             pass
 
     def upd_loop():
@@ -116,17 +123,24 @@ def part_throughput(args) -> dict:
             f(k, 0.5, now_ms=t)
 
     single = {}
-    for name, loop in (("python_loop_only", empty_loop), ("update", upd_loop), ("query", query_loop),
-                       ("try_update", try_loop), ("update_now_ms_keyword", upd_kw_loop)):
+    for name, loop in (
+        ("python_loop_only", empty_loop),
+        ("update", upd_loop),
+        ("query", query_loop),
+        ("try_update", try_loop),
+        ("update_now_ms_keyword", upd_kw_loop),
+    ):
         med, samples = median_runs(timed(loop), args.runs)
         single[name] = {"median_ns": round(med, 1), "runs_ns": [round(x, 1) for x in samples]}
-        print(f"  single {name:<24} {med:7.1f} ns/call   runs {[round(x, 1) for x in samples]}",
-              flush=True)
+        print(
+            f"  single {name:<24} {med:7.1f} ns/call   runs {[round(x, 1) for x in samples]}",
+            flush=True,
+        )
     out["single_ns_per_call"] = single
 
-    hb = [hashes[i:i + BATCH] for i in range(0, n, BATCH)]
-    kb = [keys[i:i + BATCH] for i in range(0, n, BATCH)]
-    tb = [nows_arr[i:i + BATCH] for i in range(0, n, BATCH)]
+    hb = [hashes[i : i + BATCH] for i in range(0, n, BATCH)]
+    kb = [keys[i : i + BATCH] for i in range(0, n, BATCH)]
+    tb = [nows_arr[i : i + BATCH] for i in range(0, n, BATCH)]
 
     def batch(method, src, with_delta):
         def loop():
@@ -137,12 +151,14 @@ def part_throughput(args) -> dict:
             else:
                 for ks, ts in zip(src, tb):
                     f(ks, ts)
+
         return loop
 
     def try_batch(src):
         def loop():
             for ks, ts in zip(src, tb):
                 s.try_update_many(ks, 0.5, 100.0, ts)
+
         return loop
 
     batches = {}
@@ -157,8 +173,10 @@ def part_throughput(args) -> dict:
     ):
         med, samples = median_runs(timed(loop), args.runs)
         batches[name] = {"median_ns": round(med, 1), "runs_ns": [round(x, 1) for x in samples]}
-        print(f"  batch  {name:<28} {med:6.1f} ns/event  runs {[round(x, 1) for x in samples]}",
-              flush=True)
+        print(
+            f"  batch  {name:<28} {med:6.1f} ns/event  runs {[round(x, 1) for x in samples]}",
+            flush=True,
+        )
     out["batch_ns_per_event"] = batches
 
     from grudge_stream._cyext._score import _lock_cost
@@ -212,7 +230,7 @@ def part_dict(args) -> dict:
     d: dict = {}
     blob = pool.tobytes()
     for i in range(0, len(blob), KEY_LEN):
-        d[blob[i:i + KEY_LEN]] = (0.0, BASE_MS)
+        d[blob[i : i + KEY_LEN]] = (0.0, BASE_MS)
     gc.collect()
     mem = rss_bytes() - rss0 - len(blob) - pool_bytes  # exclude the harness's raw key buffers
     del blob
@@ -237,8 +255,13 @@ def part_dict(args) -> dict:
         return (time.perf_counter() - t0) / len(keys) * 1e9
 
     med, samples = median_runs(run, args.runs)
-    return {"keys": n_keys, "memory_bytes": mem, "bytes_per_key": round(mem / n_keys, 1),
-            "update_median_ns": round(med, 1), "update_runs_ns": [round(x, 1) for x in samples]}
+    return {
+        "keys": n_keys,
+        "memory_bytes": mem,
+        "bytes_per_key": round(mem / n_keys, 1),
+        "update_median_ns": round(med, 1),
+        "update_runs_ns": [round(x, 1) for x in samples],
+    }
 
 
 def subprocess_part(args, part: str, **extra) -> dict:
@@ -250,7 +273,9 @@ def subprocess_part(args, part: str, **extra) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="smaller sizes for a smoke run")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -265,43 +290,71 @@ def main() -> None:
         print(json.dumps(fn(args)))
         return
     if args.quick:
-        args.runs, args.events, args.keys, args.rss_keys, args.dict_events = 5, 200_000, 100_000, 1_000_000, 200_000
+        args.runs, args.events, args.keys, args.rss_keys, args.dict_events = (
+            5,
+            200_000,
+            100_000,
+            1_000_000,
+            200_000,
+        )
 
     import platform
 
-    summary: dict = {"benchmark": "score_sketch", "config": {"levels": L, "cells_per_level": M,
-                     "decay": f"Exponential({LAMBDA})", "zipf_s": ZIPF_S, "key_bytes": KEY_LEN,
-                     "runs": args.runs, "statistic": "median"},
-                     "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(),
-                                 "processor": platform.processor() or platform.machine()}}
-    print(f"ScoreSketch L={L} M={M} Exponential({LAMBDA}), {args.keys:,} Zipf({ZIPF_S}) keys, "
-          f"{args.events:,} events, median of {args.runs}", flush=True)
+    summary: dict = {
+        "benchmark": "score_sketch",
+        "config": {
+            "levels": L,
+            "cells_per_level": M,
+            "decay": f"Exponential({LAMBDA})",
+            "zipf_s": ZIPF_S,
+            "key_bytes": KEY_LEN,
+            "runs": args.runs,
+            "statistic": "median",
+        },
+        "machine": {
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+        },
+    }
+    print(
+        f"ScoreSketch L={L} M={M} Exponential({LAMBDA}), {args.keys:,} Zipf({ZIPF_S}) keys, "
+        f"{args.events:,} events, median of {args.runs}",
+        flush=True,
+    )
     summary["throughput"] = part_throughput(args)
 
     print("memory (fresh process):", flush=True)
     rss = subprocess_part(args, "rss", rss_keys=args.rss_keys)
     summary["memory"] = rss
-    print(f"  memory_bytes() = {rss['memory_bytes']:,}  formula {rss['memory_formula']} = "
-          f"{rss['memory_formula_value']:,}  equal: {rss['memory_bytes_equals_formula']}")
+    print(
+        f"  memory_bytes() = {rss['memory_bytes']:,}  formula {rss['memory_formula']} = "
+        f"{rss['memory_formula_value']:,}  equal: {rss['memory_bytes_equals_formula']}"
+    )
     for k, v in rss.items():
         if k.startswith("rss_"):
             print(f"  {k:<28} {v:>14,} bytes")
 
     print("exact dict-of-floats baseline (fresh process each):", flush=True)
     summary["dict_baseline"] = []
-    sizes = [args.keys, args.keys * 10]   # 1M and 10M distinct keys by default
+    sizes = [args.keys, args.keys * 10]  # 1M and 10M distinct keys by default
     for n_keys in sizes:
         r = subprocess_part(args, "dict", dict_keys=n_keys, dict_events=args.dict_events)
         summary["dict_baseline"].append(r)
-        print(f"  {n_keys:>11,} keys: {r['memory_bytes'] / 2**20:9.1f} MiB ({r['bytes_per_key']} B/key), "
-              f"update {r['update_median_ns']:.1f} ns/event   runs {r['update_runs_ns']}", flush=True)
+        mib = r["memory_bytes"] / 2**20
+        print(
+            f"  {n_keys:>11,} keys: {mib:9.1f} MiB ({r['bytes_per_key']} B/key), "
+            f"update {r['update_median_ns']:.1f} ns/event   runs {r['update_runs_ns']}",
+            flush=True,
+        )
 
     t = summary["throughput"]
     targets = {
         "single_update_ns<=150": t["single_ns_per_call"]["update"]["median_ns"] <= 150,
         "single_query_ns<=150": t["single_ns_per_call"]["query"]["median_ns"] <= 150,
         "single_try_update_ns<=150": t["single_ns_per_call"]["try_update"]["median_ns"] <= 150,
-        "update_many_uint64_ns<=30": t["batch_ns_per_event"]["update_many_uint64"]["median_ns"] <= 30,
+        "update_many_uint64_ns<=30": t["batch_ns_per_event"]["update_many_uint64"]["median_ns"]
+        <= 30,
         "query_many_uint64_ns<=30": t["batch_ns_per_event"]["query_many_uint64"]["median_ns"] <= 30,
         "update_many_bytes_ns<=50": t["batch_ns_per_event"]["update_many_bytes"]["median_ns"] <= 50,
         "query_many_bytes_ns<=50": t["batch_ns_per_event"]["query_many_bytes"]["median_ns"] <= 50,

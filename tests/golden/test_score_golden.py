@@ -4,6 +4,7 @@ If one of these fails, the serialized format (or the semantics that produced the
 state) changed. Either revert, or bump the envelope's format version, document
 the new layout in docs/score-sketch.md and re-pin these blobs in the same commit.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,16 @@ ROTATOR_HEX = (
 
 
 def build_sketch() -> ScoreSketch:
-    s = ScoreSketch(levels=2, cells_per_level=4, decay=Exponential(0.5), lo=-1.0, hi=2.0,
-                    aggregator="min", hasher="murmur3", seed=42)
+    s = ScoreSketch(
+        levels=2,
+        cells_per_level=4,
+        decay=Exponential(0.5),
+        lo=-1.0,
+        hi=2.0,
+        aggregator="min",
+        hasher="murmur3",
+        seed=42,
+    )
     s.update(b"client-7", 0.75, now_ms=1_000)
     s.update(b"client-42", -0.25, now_ms=1_500)
     s.update(b"client-7", 2.0, now_ms=2_000)
@@ -47,8 +56,18 @@ def build_sketch() -> ScoreSketch:
 
 
 def build_rotator() -> Rotator:
-    r = Rotator(generations=2, period_ms=1_000, levels=2, cells_per_level=3, decay=Linear(0.5),
-                lo=0.0, hi=float("inf"), aggregator="max", hasher="siphash", seed=7)
+    r = Rotator(
+        generations=2,
+        period_ms=1_000,
+        levels=2,
+        cells_per_level=3,
+        decay=Linear(0.5),
+        lo=0.0,
+        hi=float("inf"),
+        aggregator="max",
+        hasher="siphash",
+        seed=7,
+    )
     r.update(b"a", 1.5, now_ms=250)
     r.update(b"b", 0.5, now_ms=1_250)
     r.try_update(b"a", 1.0, 2.0, now_ms=1_500)

@@ -1,4 +1,5 @@
 """The token-bucket recipe against a scalar debt model, boundaries and bursts."""
+
 from __future__ import annotations
 
 import math
@@ -10,10 +11,10 @@ import threading
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "property"))
-from score_reference import ScalarBucket  # noqa: E402
+from score_reference import ScalarBucket
 
-from grudge_stream import ConfigError, InvalidInputError, ManualClock, ScoreSketch  # noqa: E402
-from grudge_stream.recipes import Decision, TokenBucket  # noqa: E402
+from grudge_stream import ConfigError, InvalidInputError, ManualClock, ScoreSketch
+from grudge_stream.recipes import Decision, TokenBucket
 
 CONFIGS = [
     dict(rate_per_s=10.0, burst=5.0),
@@ -34,12 +35,16 @@ def model_of(cfg) -> ScalarBucket:
 def test_decisions_match_a_scalar_debt_model_one_for_one(cfg) -> None:
     rnd = random.Random(CONFIGS.index(cfg))
     for hasher in ("siphash", "murmur3"):
-        bucket = TokenBucket(**cfg, hasher=hasher, seed=rnd.getrandbits(64), cells_per_level=1 << 16)
+        bucket = TokenBucket(
+            **cfg, hasher=hasher, seed=rnd.getrandbits(64), cells_per_level=1 << 16
+        )
         keys = [f"client-{i}".encode() for i in range(8)]
         models = {k: model_of(cfg) for k in keys}
         t = rnd.randint(0, 10**12)
         for _ in range(4000):
-            t += rnd.choice([0, 0, 1, 3, 17, 120, 999, rnd.randint(0, 20_000), -rnd.randint(1, 800)])
+            t += rnd.choice(
+                [0, 0, 1, 3, 17, 120, 999, rnd.randint(0, 20_000), -rnd.randint(1, 800)]
+            )
             k = rnd.choice(keys)
             cost = rnd.choice([0.0, 0.5, 1.0, 1.0, 2.0, 3.7, cfg["burst"], cfg["burst"] * 1.5])
             got = bucket.allow(k, cost, now_ms=t)
@@ -82,7 +87,9 @@ def test_burst_then_sustain() -> None:
     got = [bucket.allow(b"ip", now_ms=10_000 + 50 * i).allowed for i in range(1, 201)]
     assert sum(got) == 100
     # After idling, the bucket is full again but never fuller than burst.
-    assert [bucket.allow(b"ip", now_ms=60_000).allowed for _ in range(7)] == [True] * 5 + [False] * 2
+    assert [bucket.allow(b"ip", now_ms=60_000).allowed for _ in range(7)] == [True] * 5 + [
+        False
+    ] * 2
 
 
 def test_fresh_key_is_a_full_bucket_and_tokens_report() -> None:
@@ -100,12 +107,12 @@ def test_reject_penalty_and_max_debt() -> None:
     assert not d.allowed and d.debt == 7.0 and d.retry_after_ms == 6_000
     for _ in range(5):
         d = bucket.allow(b"a", 1.0, now_ms=0)
-    assert d.debt == 12.0 and d.retry_after_ms == 11_000      # capped at max_debt
+    assert d.debt == 12.0 and d.retry_after_ms == 11_000  # capped at max_debt
     plain = TokenBucket(rate_per_s=1.0, burst=2.0, seed=4)
     plain.allow(b"a", 2.0, now_ms=0)
     for _ in range(5):
         d = plain.allow(b"a", 1.0, now_ms=0)
-    assert d.debt == 2.0 and d.retry_after_ms == 1_000       # no penalty: hammering costs nothing
+    assert d.debt == 2.0 and d.retry_after_ms == 1_000  # no penalty: hammering costs nothing
     assert TokenBucket(rate_per_s=1.0, burst=2.0, reject_penalty=1.0).max_debt == math.inf
 
 
@@ -147,10 +154,17 @@ def test_strict_under_32_threads() -> None:
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(rate_per_s=0.0, burst=1.0), dict(rate_per_s=-1.0, burst=1.0), dict(rate_per_s=math.inf, burst=1.0),
-     dict(rate_per_s=1.0, burst=0.0), dict(rate_per_s=1.0, burst=math.nan),
-     dict(rate_per_s=1.0, burst=1.0, reject_penalty=-1.0), dict(rate_per_s=1.0, burst=2.0, max_debt=1.0),
-     dict(rate_per_s=True, burst=1.0), dict(rate_per_s=1.0, burst=1.0, hasher="md5")],
+    [
+        dict(rate_per_s=0.0, burst=1.0),
+        dict(rate_per_s=-1.0, burst=1.0),
+        dict(rate_per_s=math.inf, burst=1.0),
+        dict(rate_per_s=1.0, burst=0.0),
+        dict(rate_per_s=1.0, burst=math.nan),
+        dict(rate_per_s=1.0, burst=1.0, reject_penalty=-1.0),
+        dict(rate_per_s=1.0, burst=2.0, max_debt=1.0),
+        dict(rate_per_s=True, burst=1.0),
+        dict(rate_per_s=1.0, burst=1.0, hasher="md5"),
+    ],
 )
 def test_invalid_bucket_configs(kw) -> None:
     with pytest.raises(ConfigError):
@@ -171,8 +185,14 @@ def test_from_sketch_checks_the_model() -> None:
     from grudge_stream import Exponential, Linear
 
     with pytest.raises(ConfigError):
-        TokenBucket.from_sketch(ScoreSketch(levels=1, cells_per_level=8, decay=Exponential(1.0)), burst=1.0)
+        TokenBucket.from_sketch(
+            ScoreSketch(levels=1, cells_per_level=8, decay=Exponential(1.0)), burst=1.0
+        )
     with pytest.raises(ConfigError):
-        TokenBucket.from_sketch(ScoreSketch(levels=1, cells_per_level=8, decay=Linear(1.0), hi=1.0), burst=2.0)
-    b = TokenBucket.from_sketch(ScoreSketch(levels=1, cells_per_level=8, decay=Linear(2.0), hi=4.0), burst=4.0)
+        TokenBucket.from_sketch(
+            ScoreSketch(levels=1, cells_per_level=8, decay=Linear(1.0), hi=1.0), burst=2.0
+        )
+    b = TokenBucket.from_sketch(
+        ScoreSketch(levels=1, cells_per_level=8, decay=Linear(2.0), hi=4.0), burst=4.0
+    )
     assert b.rate_per_s == 2.0 and b.allow(b"k", 4.0, now_ms=0).allowed
