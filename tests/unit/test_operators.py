@@ -246,3 +246,38 @@ def test_dedup_operator_forwards_first_sightings_only() -> None:
     assert [o.key for o in fwd] == [f"id-{i}".encode() for i in range(700)]
     assert fwd[3].value == b"payload-3"
     assert op.counters["duplicates"] == 1300
+
+
+def test_rate_limit_operator_decides_every_request_with_exact_retry_after() -> None:
+    from grudge_stream.operators.ratelimit import RateLimitOperator
+
+    op = RateLimitOperator(operator_id="rl", source_topic=TOPIC, partition=0, rate_per_s=10.0, burst=5.0,
+                           cells_per_level=1000, seed=1)
+    recs = [SourceRecord(TOPIC, 0, i, 1000, b"tenant", b'{"cost": 1}') for i in range(7)]
+    out = [json.loads(o.value) for o in op.process(recs)]
+    assert [d["allowed"] for d in out] == [True] * 5 + [False] * 2
+    retry = out[5]["retry_after_ms"]
+    assert retry == 100  # one token refills in 100 ms at 10/s
+    more = op.process([SourceRecord(TOPIC, 0, 7, 1000 + retry - 1, b"tenant", b'{"cost": 1}'),
+                       SourceRecord(TOPIC, 0, 8, 1000 + retry, b"tenant", b'{"cost": 1}')])
+    assert [json.loads(o.value)["allowed"] for o in more] == [False, True]
+    bad = op.process([SourceRecord(TOPIC, 0, 9, 2000, b"tenant", b'{"cost": -1}')])
+    assert bad[0].role == "dead_letters"
+    clone = RateLimitOperator(operator_id="rl", source_topic=TOPIC, partition=0, rate_per_s=10.0, burst=5.0,
+                              cells_per_level=1000, seed=1)
+    clone.restore(op.snapshot())
+    assert clone.snapshot() == op.snapshot()
+
+
+def test_known_key_operator_checks_unknown_keys_and_caches_only_accepted_ones() -> None:
+    from grudge_stream.operators.knownkeys import KnownKeyOperator
+
+    op = KnownKeyOperator(operator_id="kk", source_topic=TOPIC, partition=0,
+                          bloom={"capacity": 1000, "fp_rate": 0.001, "period_ms": 10_000, "seed": 2})
+    ev = lambda i, key, kind, t=1000: SourceRecord(TOPIC, 0, i, t, key, json.dumps({"event": kind}).encode())  # noqa: E731
+    out = op.process([ev(0, b"a", "seen"), ev(1, b"a", "accepted"), ev(2, b"a", "seen"),
+                      ev(3, b"b", "seen"), ev(4, b"b", "rejected"), ev(5, b"b", "seen")])
+    assert [(o.role, o.key) for o in out] == [("checks", b"a"), ("checks", b"b"), ("checks", b"b")]
+    # Forgotten after two rotations: checked again.
+    out = op.process([ev(6, b"a", "seen", 1000 + 25_000)])
+    assert [(o.role, o.key) for o in out] == [("checks", b"a")]
