@@ -85,8 +85,9 @@ def test_kill_9_at_random_points_loses_and_duplicates_nothing(harness) -> None:
     assert worker.stop() == 0
 
 
-def test_two_workers_rebalance_to_the_same_state(harness) -> None:
-    h = harness(partitions=4)
+@pytest.mark.parametrize("drain", ["batch", "agent"])
+def test_two_workers_rebalance_to_the_same_state(harness, drain: str) -> None:
+    h = harness(partitions=4, drain=drain)
     events = h.make_events(50_000, seed=12)
     feeder = h.produce_in_background(events, seconds=20)
     a = h.start_worker()
