@@ -33,9 +33,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import faust
-
-    from grudge_stream.faust.app import build_app
     from grudge_stream.topics import ensure_topology_topics
 
     settings = _settings(args)
@@ -43,6 +40,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.no_create_topics:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
                                create_source=args.create_source)
+    runtime = args.runtime or settings.get("runtime", "faust")
+    if runtime == "batch":
+        from grudge_stream.replay.live import run_batch_worker
+
+        logging.getLogger().setLevel(args.loglevel.upper())
+        return run_batch_worker(topology, settings)
+    if runtime != "faust":
+        raise SystemExit(f"--runtime must be faust or batch, not {runtime!r}")
+    import faust
+
+    from grudge_stream.faust.app import build_app
+
     app = build_app(topology, settings)
     worker = faust.Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
     worker.execute_from_commandline()
@@ -106,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--partitions", type=int, default=None, help="partitions when creating the source topic")
     w.add_argument("--create-source", action="store_true", help="create the source topic if missing")
     w.add_argument("--no-create-topics", action="store_true", help="do not create output/snapshot topics")
+    w.add_argument("--runtime", choices=["faust", "batch"], default=None,
+                   help="faust (a Faust worker, default) or batch (the confluent-kafka batch runtime)")
     w.set_defaults(func=cmd_worker)
 
     t = sub.add_parser("topics", help="create a topology's topics")

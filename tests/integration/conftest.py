@@ -163,25 +163,31 @@ class Harness:
         finally:
             c.close()
 
-    def read_all(self, topic: str) -> list:
+    def read_all(self, topic: str, read_committed: bool = False) -> list:
+        """Every record of ``topic`` up to its current end (committed ones only if asked)."""
         ends = self.end_offsets(topic)
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"harness-{uuid.uuid4().hex[:6]}",
-                      "enable.auto.commit": False, "fetch.queue.backoff.ms": 1})
-        c.assign([TopicPartition(topic, p, 0) for p in range(self.partitions)])
+                      "enable.auto.commit": False, "fetch.queue.backoff.ms": 1,
+                      "isolation.level": "read_committed" if read_committed else "read_uncommitted"})
+        tps = [TopicPartition(topic, p, 0) for p in range(self.partitions) if ends[p] > 0]
         got: list = []
-        pos = {p: 0 for p in range(self.partitions)}
         deadline = time.monotonic() + 60
         try:
-            while any(pos[p] < ends[p] for p in pos):
-                assert time.monotonic() < deadline, f"timed out reading {topic}"
+            if not tps:
+                return got
+            c.assign(tps)
+            while True:
                 for m in c.consume(1000, timeout=0.5):
-                    if m.error():
-                        continue
-                    got.append(m)
-                    pos[m.partition()] = m.offset() + 1
+                    if not m.error():
+                        got.append(m)
+                # Positions move past transaction markers and aborted records too.
+                pos = {tp.partition: tp.offset for tp in c.position(
+                    [TopicPartition(topic, tp.partition) for tp in tps])}
+                if all(pos[p] >= ends[p] for p in pos):
+                    return got
+                assert time.monotonic() < deadline, f"timed out reading {topic}: {pos} / {ends}"
         finally:
             c.close()
-        return got
 
     def source_records(self) -> dict[int, list[SourceRecord]]:
         by_p: dict[int, list[SourceRecord]] = defaultdict(list)
