@@ -37,6 +37,7 @@ cdef extern from *:
     int gb_popcount64(uint64_t x) nogil
 
 cdef enum:
+    SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
     MAXG = 64       # mirrors grudge_stream.sketches.bloom.MAX_GENERATIONS
     PF = 8          # prefetch distance in keys (power of two)
     MAXK = 64       # mirrors grudge_stream.sketches.bloom.MAX_HASHES
@@ -99,6 +100,7 @@ cdef class ForgettingBloom:
     cdef object _clock
     cdef bint _sysclock
     cdef object _config
+    cdef object _scratch            # reused hash buffer for key lists (avoids page faults per batch)
 
     def __cinit__(self, *args, **kwargs):
         self._words = NULL
@@ -532,11 +534,22 @@ cdef class ForgettingBloom:
 
     # ------------------------------------------------------------------ batch API
 
+    cdef object _scratch_for(self, Py_ssize_t n):
+        """A uint64 buffer of n entries for one batch's hashes: a reused one up to
+        SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
+        than the hashing itself), a temporary one beyond. Not thread-safe, like the
+        sketch itself."""
+        if n > SCRATCH_MAX:
+            return np.empty(n, dtype=np.uint64)
+        if self._scratch is None or self._scratch.shape[0] < n:
+            self._scratch = np.empty(max(n, 1024), dtype=np.uint64)
+        return self._scratch[:n]
+
     cdef tuple _batch(self, keys, now_ms):
         hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
         cdef uint64_t[::1] hv
         if hashes is None:
-            hashes = np.empty(len(source), dtype=np.uint64)
+            hashes = self._scratch_for(len(source))
             hv = hashes
             if hv.shape[0]:
                 hash_items(&self._hasher, source, &hv[0], hv.shape[0])

@@ -98,9 +98,9 @@ def countmin_dimensions(epsilon: float, delta: float) -> tuple[int, int]:
 
 def countmin_memory_bytes(depth: int = 4, width: int = 65_536, top_k: int = 0) -> int:
     """Fixed memory of a sketch: ``4 * depth * width`` bytes of cells plus the top-k
-    candidate set (32 bytes per candidate slot and a 4-byte hash table entry per
-    slot, table size the next power of two >= 2 * top_k; the key objects themselves are
-    the caller's and are counted separately)."""
+    candidate set (32 bytes per candidate slot and a 12-byte hash table entry, the
+    table size being the next power of two >= 2 * top_k; the key objects themselves
+    are the caller's and are counted separately)."""
     depth = as_int(depth, "depth")
     width = as_int(width, "width")
     top_k = as_int(top_k, "top_k")
@@ -113,7 +113,7 @@ def _topk_bytes(top_k: int) -> int:
     table = 8
     while table < 2 * top_k:
         table <<= 1
-    return 32 * top_k + 4 * table
+    return 32 * top_k + 12 * table
 
 
 from grudge_stream._cyext._countmin import DecayingCountMin  # noqa: E402  (kernel needs the config above)

@@ -95,18 +95,28 @@ class CountMinReference:
 
     # candidates ----------------------------------------------------------------
     def touch(self, h: int, est: int, key):
-        if est == 0:
+        """Admit (h, est) if it beats the smallest candidate; stored values are lower
+        bounds refreshed from the matrix only when a candidate is about to be evicted."""
+        if est == 0 or h in self.cands:
             return
-        full = len(self.cands) == self.top_k
-        if full:
-            mh = min(self.cands, key=lambda x: (self.cands[x][0], x))
-            if est <= self.cands[mh][0]:
-                return
-        if h in self.cands:
-            self.cands[h][0] = max(self.cands[h][0], est)
+        if len(self.cands) < self.top_k:
+            self.cands[h] = [est, key]
             return
-        if full:
-            del self.cands[mh]
+
+        def root():
+            return min(self.cands, key=lambda x: (self.cands[x][0], x))
+        r = root()
+        if est <= self.cands[r][0]:
+            return
+        while True:
+            cur = min(self.cell(row, i, self.epoch) for row, i in enumerate(self.indexes(r)))
+            if cur <= self.cands[r][0]:
+                break
+            self.cands[r][0] = cur
+            r = root()
+        if est <= self.cands[r][0]:
+            return
+        del self.cands[r]
         self.cands[h] = [est, key]
 
     def top(self, k=None, now_ms=None):
