@@ -19,16 +19,23 @@ import numpy as np
 from grudge_stream.hashing import hash64_many
 
 
-def zipf_ids(n_events: int, n_keys: int, s: float, seed: int) -> np.ndarray:
+def zipf_ids(n_events: int, n_keys: int, s: float, seed: int, cover: bool = True) -> np.ndarray:
     """Event i's key id, drawn with P(rank r) ~ 1 / r**s; ranks are shuffled over ids so
-    the hottest key is not id 0."""
+    the hottest key is not id 0. With ``cover`` (and n_events >= n_keys), n_keys of the
+    events are one occurrence of every key, shuffled into the Zipf draws, so the stream
+    has exactly n_keys distinct keys (a Zipf sample alone leaves most of the tail unseen)."""
     rng = np.random.default_rng(seed)
     cdf = np.cumsum(1.0 / np.arange(1, n_keys + 1, dtype=np.float64) ** s)
     cdf /= cdf[-1]
-    ranks = np.searchsorted(cdf, rng.random(n_events), side="right")
+    n_zipf = n_events - n_keys if cover and n_events >= n_keys else n_events
+    ranks = np.searchsorted(cdf, rng.random(n_zipf), side="right")
     ranks = np.minimum(ranks, n_keys - 1)
     perm = rng.permutation(n_keys)
-    return perm[ranks].astype(np.int64)
+    ids = perm[ranks].astype(np.int64)
+    if n_zipf < n_events:
+        ids = np.concatenate([ids, np.arange(n_keys, dtype=np.int64)])
+        rng.shuffle(ids)
+    return ids
 
 
 def key_bytes(i: int) -> bytes:
@@ -36,9 +43,10 @@ def key_bytes(i: int) -> bytes:
 
 
 class Workload:
-    def __init__(self, n_events: int, n_keys: int, s: float = 1.1, seed: int = 2024, hash_seed: int = 0):
+    def __init__(self, n_events: int, n_keys: int, s: float = 1.1, seed: int = 2024, hash_seed: int = 0,
+                 cover: bool = True):
         self.n_events, self.n_keys, self.s = n_events, n_keys, s
-        self.ids = zipf_ids(n_events, n_keys, s, seed)
+        self.ids = zipf_ids(n_events, n_keys, s, seed, cover)
         self.universe = [key_bytes(i) for i in range(n_keys)]
         self.universe_hashes = hash64_many(self.universe, hash_seed)
         self.hashes = self.universe_hashes[self.ids]

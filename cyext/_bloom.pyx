@@ -343,6 +343,11 @@ cdef class ForgettingBloom:
             self._advance(t)
         return 0
 
+    cdef inline int64_t _pending(self, int64_t p) noexcept nogil:
+        """Rotations due between the current period and period p (p > P), saturated."""
+        cdef uint64_t d = <uint64_t>p - <uint64_t>self._P
+        return <int64_t>d if d < <uint64_t>INT64_MAX else INT64_MAX
+
     cdef uint64_t _live_after(self, int64_t pending) noexcept nogil:
         """Generation mask of what would still be live after `pending` rotations."""
         cdef uint64_t mask = 0
@@ -364,8 +369,7 @@ cdef class ForgettingBloom:
         t = self._now(now_ms)
         if not self._started or t < self._win_hi:
             return self._gmask
-        p = gs_floordiv(t, self._period_ms)
-        return self._live_after(p - self._P if p - self._P > 0 else INT64_MAX)
+        return self._live_after(self._pending(gs_floordiv(t, self._period_ms)))
 
     # ------------------------------------------------------------------ bits
 
@@ -497,7 +501,7 @@ cdef class ForgettingBloom:
             live = live0
             if ts != NULL and self._started and ts[i] >= self._win_hi:
                 p = gs_floordiv(ts[i], self._period_ms)
-                live = self._live_after(p - self._P)
+                live = self._live_after(self._pending(p))
             out[i] = self._probe(hs[i], live) if live else False
             if i + PF < n:
                 self._prefetch(hs[i + PF])

@@ -543,6 +543,43 @@ cdef class DecayingCountMin:
                     gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
                     row += width
 
+    cdef void _run_query_plain(self, const uint64_t* hs, Py_ssize_t n, int64_t* out) noexcept nogil:
+        """The common read: every key at the sketch's current epoch."""
+        cdef uint32_t* cells = self._cells
+        cdef uint32_t depth = self._depth, width = self._width
+        cdef uint64_t magic = self._magic
+        cdef uint32_t pmask = self._pmask
+        cdef int cbits = self._cbits
+        cdef uint32_t cmask = self._cmask, smask = self._smask
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef Py_ssize_t i, j
+        cdef uint32_t r, v, est, c, g
+        cdef uint32_t* row
+        cdef uint64_t h
+        for j in range(n if n < PF else PF):
+            h = hs[j]
+            row = cells
+            for r in range(depth):
+                gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
+                row += width
+        for i in range(n):
+            h = hs[i]
+            row = cells
+            est = 0xFFFFFFFFu
+            for r in range(depth):
+                c = row[gs_km_index_p(h, r, magic, width, pmask)]
+                g = (emod - (c >> cbits)) & smask
+                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                est = v if v < est else est
+                row += width
+            out[i] = est
+            if i + PF < n:
+                h = hs[i + PF]
+                row = cells
+                for r in range(depth):
+                    gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
+                    row += width
+
     cdef void _run_query(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                          int64_t q0, int64_t* out) noexcept nogil:
         cdef uint32_t* cells = self._cells
@@ -879,7 +916,10 @@ cdef class DecayingCountMin:
         if n == 0:
             return out
         with nogil:
-            self._run_query(&hv[0], n, tp, q0, &ov[0])
+            if tp == NULL and q0 == self._E and self._started:
+                self._run_query_plain(&hv[0], n, &ov[0])
+            else:
+                self._run_query(&hv[0], n, tp, q0, &ov[0])
         return out
 
     # ------------------------------------------------------------------ heavy hitters

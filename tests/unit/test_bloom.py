@@ -261,3 +261,15 @@ def test_prehashed_keys() -> None:
     assert b.contains_many(keys).all()
     assert all(k in b for k in keys)
     assert not math.isnan(b.approx_count())
+
+
+def test_extreme_timestamps() -> None:
+    lo, hi = -(2**63), 2**63 - 1
+    b = ForgettingBloom(capacity=10, fp_rate=0.01, period_ms=1)
+    b.add(b"x", now_ms=lo)
+    assert b.contains(b"x", now_ms=lo)
+    assert not b.contains(b"x", now_ms=hi)
+    assert b.contains_many([b"x", b"x"], now_ms=np.array([lo, hi])).tolist() == [True, False]
+    b.add(b"y", now_ms=hi)
+    assert b.contains(b"y", now_ms=hi) and not b.contains(b"x", now_ms=hi)
+    assert ForgettingBloom.from_bytes(b.to_bytes()).to_bytes() == b.to_bytes()

@@ -471,3 +471,18 @@ def test_batch_forms_agree() -> None:
         a.increment_many(np.zeros(3, dtype=np.int32))
     assert a.query_many([]).tolist() == []
     a.increment_many([])
+
+
+def test_extreme_timestamps() -> None:
+    lo, hi = -(2**63), 2**63 - 1
+    for epoch_ms in (1, 1000, 2**62):
+        c = DecayingCountMin(epoch_ms=epoch_ms, width=64, top_k=2)
+        c.increment(K, 5, now_ms=lo)
+        assert c.query(K, now_ms=lo) == 5
+        c.increment_many([K], now_ms=np.array([hi]))
+        assert c.query(K, now_ms=hi) == 1          # 5 halved away (3 or more epochs), plus 1
+        assert DecayingCountMin.from_bytes(c.to_bytes()).to_bytes() == c.to_bytes()
+    with pytest.raises(ValueError):
+        DecayingCountMin().increment(K, now_ms=2**63)
+    with pytest.raises(ValueError):
+        DecayingCountMin().increment_many([K], now_ms=np.array([2**63], dtype=np.uint64))
