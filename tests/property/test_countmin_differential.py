@@ -140,3 +140,28 @@ def test_merge_with_halving_is_within_rounding(cfg, seq, side):
     a.merge(b)
     diff = both._decayed_cells() - a._decayed_cells()
     assert diff.min() >= 0 and diff.max() <= 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(seq=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 9), st.integers(0, 2)), min_size=1, max_size=200),
+       top_k=st.integers(1, 6), width=st.sampled_from([4, 16, 64]))
+def test_top_k_admission_guarantee(seq, top_k, width):
+    """After an increment, an untracked key's estimate is at most the smallest current
+    estimate among the candidates (otherwise it would have been admitted)."""
+    sk = DecayingCountMin(depth=2, width=width, epoch_ms=None, top_k=top_k, seed=1)
+    for ki, w, ticks in seq:
+        if ticks == 2:
+            sk.tick()
+        key = b"key-%d" % ki
+        sk.increment(key, w)
+        cands = sk._candidates()
+        tracked = {h for h, _, _ in cands}
+        h = sk.query_many([key])  # estimate of the key
+        est = int(h[0])
+        kh = int(hash64_many([key], 1)[0])
+        for ch, stored, _ in cands:
+            cur = int(sk.query_many(np.array([ch], dtype=np.uint64))[0])
+            assert stored <= cur                      # stored values are lower bounds
+        if kh not in tracked and est > 0 and len(cands) == top_k:
+            floor = min(int(sk.query_many(np.array([ch], dtype=np.uint64))[0]) for ch, _, _ in cands)
+            assert est <= floor
