@@ -3,6 +3,7 @@
 A universe of distinct 16-byte keys and a Zipf(s) stream over it (fixed seed),
 as pre-hashed uint64 values and as bytes objects, plus timing helpers.
 """
+
 from __future__ import annotations
 
 import gc
@@ -39,12 +40,19 @@ def zipf_ids(n_events: int, n_keys: int, s: float, seed: int, cover: bool = True
 
 
 def key_bytes(i: int) -> bytes:
-    return i.to_bytes(8, "little") * 2        # 16 bytes, distinct per id
+    return i.to_bytes(8, "little") * 2  # 16 bytes, distinct per id
 
 
 class Workload:
-    def __init__(self, n_events: int, n_keys: int, s: float = 1.1, seed: int = 2024, hash_seed: int = 0,
-                 cover: bool = True):
+    def __init__(
+        self,
+        n_events: int,
+        n_keys: int,
+        s: float = 1.1,
+        seed: int = 2024,
+        hash_seed: int = 0,
+        cover: bool = True,
+    ):
         self.n_events, self.n_keys, self.s = n_events, n_keys, s
         self.ids = zipf_ids(n_events, n_keys, s, seed, cover)
         self.universe = [key_bytes(i) for i in range(n_keys)]
@@ -64,7 +72,9 @@ class Workload:
         return [u[i] for i in self.ids[:n].tolist()]
 
 
-def timed(fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None) -> list[float]:
+def timed(
+    fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
+) -> list[float]:
     out = []
     for _ in range(runs):
         if setup is not None:
@@ -83,8 +93,12 @@ def median(xs: list[float]) -> float:
 
 
 def machine() -> dict:
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-            "load_avg_1m": os.getloadavg()[0]}
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+    }
 
 
 def emit(name: str, summary: dict) -> None:
