@@ -72,6 +72,12 @@ class Workload:
         return [u[i] for i in self.ids[:n].tolist()]
 
 
+def each(fn: Callable[[object], object], batches) -> None:
+    """Call fn on every batch and drop the results, as a consumer loop does."""
+    for b in batches:
+        fn(b)
+
+
 def timed(
     fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
 ) -> list[float]:

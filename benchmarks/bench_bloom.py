@@ -14,7 +14,7 @@ import sys
 import time
 
 import numpy as np
-from _workload import Workload, deep_size_of_keys, emit, machine, median, timed
+from _workload import Workload, deep_size_of_keys, each, emit, machine, median, timed
 
 from grudge_stream import ForgettingBloom
 
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     def row(name, mevs):
         print(f"  {name:<52} {mevs:8.1f} M keys/s  ({1e3 / mevs:6.2f} ns/key)")
 
-    t = timed(lambda: [state["b"].add_if_absent_many(c) for c in hb], runs, setup=fresh_filter)
+    t = timed(lambda: each(state["b"].add_if_absent_many, hb), runs, setup=fresh_filter)
     res["add_if_absent_prehashed_mkeys_s"] = n / median(t) / 1e6
     row("add_if_absent_many, pre-hashed uint64", res["add_if_absent_prehashed_mkeys_s"])
     b = ForgettingBloom(**cfg)
@@ -82,16 +82,16 @@ def main(argv=None) -> dict:
         f"    {new:,} keys reported new of {w.distinct:,} distinct (false positives: {w.distinct - new:,}); "
         f"approx_count {b.approx_count():,.0f}; fp_rate_estimate {b.fp_rate_estimate():.4f}"
     )
-    t = timed(lambda: [b.contains_many(c) for c in hb], runs)
+    t = timed(lambda: each(b.contains_many, hb), runs)
     res["contains_prehashed_mkeys_s"] = n / median(t) / 1e6
     row("contains_many, pre-hashed uint64", res["contains_prehashed_mkeys_s"])
-    t = timed(lambda: [state["b"].add_many(c) for c in hb], runs, setup=fresh_filter)
+    t = timed(lambda: each(state["b"].add_many, hb), runs, setup=fresh_filter)
     res["add_prehashed_mkeys_s"] = n / median(t) / 1e6
     row("add_many, pre-hashed uint64", res["add_prehashed_mkeys_s"])
 
     nb = min(args.bytes_events, n)
     fresh = chunks(w.fresh_keys(nb), args.batch)
-    t = timed(lambda: [state["b"].add_if_absent_many(c) for c in fresh], runs, setup=fresh_filter)
+    t = timed(lambda: each(state["b"].add_if_absent_many, fresh), runs, setup=fresh_filter)
     res["add_if_absent_bytes_fresh_mkeys_s"] = nb / median(t) / 1e6
     row(
         "add_if_absent_many, bytes keys (one object per event)",

@@ -893,15 +893,21 @@ cdef class DecayingCountMin:
             self._resolve_dirty(source, kind)
         return n
 
-    def query_many(self, keys, now_ms=None):
-        """Batch twin of :meth:`query`: a new int64 array of estimates."""
+    def query_many(self, keys, now_ms=None, out=None):
+        """Batch twin of :meth:`query`: an int64 array of estimates, new or ``out`` (a
+        writable C-contiguous int64 array of the batch's length, reused across batches
+        to save an allocation per batch)."""
         hashes, _, _ = self._hashes(keys)
         cdef Py_ssize_t n = hashes.shape[0]
         cdef const uint64_t[::1] hv = hashes
         cdef const int64_t[::1] tv
         cdef const int64_t* tp = NULL
         cdef int64_t q0 = self._E
-        out = np.empty(n, dtype=np.int64)
+        if out is None:
+            out = np.empty(n, dtype=np.int64)
+        elif not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.ndim == 1
+                  and out.shape[0] == n):
+            raise InvalidInputError(f"out must be a 1-D int64 numpy array of length {n}")
         cdef int64_t[::1] ov = out
         if self._epoch_ms != 0:
             t0, tarr = prepare_times(now_ms, n)

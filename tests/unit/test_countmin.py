@@ -543,3 +543,16 @@ def test_extreme_timestamps() -> None:
         DecayingCountMin().increment(K, now_ms=2**63)
     with pytest.raises(ValueError):
         DecayingCountMin().increment_many([K], now_ms=np.array([2**63], dtype=np.uint64))
+
+
+def test_query_many_into_out() -> None:
+    c = DecayingCountMin(epoch_ms=None)
+    c.increment_many([b"a", b"a", b"b"])
+    out = np.full(3, -1, dtype=np.int64)
+    assert c.query_many([b"a", b"b", b"c"], out=out) is out
+    assert out.tolist() == [2, 1, 0]
+    for bad in (np.zeros(2, dtype=np.int64), np.zeros(3, dtype=np.int32), [0, 0, 0]):
+        with pytest.raises(ValueError):
+            c.query_many([b"a", b"b", b"c"], out=bad)
+    with pytest.raises(ValueError):
+        c.query_many([b"a", b"b", b"c"], out=np.zeros(3, dtype=np.int64)[::-1].copy()[:2])
