@@ -753,12 +753,13 @@ cdef class ForgettingBloom:
             self._words[i] = bv[i]
         self._recount()
         for g in range(G):
-            if not is_int(counts[g], 0, self._config.capacity) or pops[g] != self._pops[g]:
+            if (not is_int(counts[g], 0, self._config.capacity) or type(pops[g]) is not int
+                    or pops[g] != self._pops[g]):
                 raise SnapshotError(f"ForgettingBloom generation {g} state does not match its bits")
             if counts[g] > self._pops[g]:
                 raise SnapshotError(f"ForgettingBloom generation {g} counts more inserts than set bits")
             self._counts[g] = counts[g]
-        if header["union_popcount"] != self._union_pop:
+        if type(header["union_popcount"]) is not int or header["union_popcount"] != self._union_pop:
             raise SnapshotError("ForgettingBloom snapshot union popcount does not match its bits")
         if counts[header["newest"]] >= self._config.capacity:
             raise SnapshotError("ForgettingBloom newest generation is at capacity (it should have rotated)")
