@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 
+from grudge_stream._cyext._ingest import group_records
 from grudge_stream.checkpoint import CheckpointStore
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import SourceRecord
@@ -259,12 +260,11 @@ class FaustRuntime:
         """Process fetched aiokafka records, grouped by partition (the batch drain path)."""
         async with self.lock:
             topic = self.topology.source_topic
-            for p, recs in batch.items():
+            for p, (offs, tss, keys, vals) in group_records(batch).items():
                 slot = self.slots.get(p)
                 if slot is None:
                     continue
-                outputs = slot.process([SourceRecord(topic, p, r.offset, r.timestamp, r.key, r.value)
-                                        for r in recs])
+                outputs = slot.process_columns(topic, offs, tss, keys, vals)
                 if outputs:
                     self.publisher.publish(outputs)
             if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:

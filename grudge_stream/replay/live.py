@@ -38,10 +38,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore
 from grudge_stream.exceptions import CheckpointError
 from grudge_stream.metrics import Metrics
-from grudge_stream.operators.records import SourceRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, restore_partition
 from grudge_stream.replay.runner import FAST_CONSUMER
@@ -189,19 +189,15 @@ class BatchWorker:
             while not self.stopping.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=0.2)
                 if msgs:
-                    by_p: dict[int, list[SourceRecord]] = {}
-                    for m in msgs:
-                        if m.error():
-                            if m.error().code() != KafkaError._PARTITION_EOF:
-                                log.warning("consume error: %s", m.error())
-                            continue
-                        by_p.setdefault(m.partition(), []).append(
-                            SourceRecord(topic, m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value()))
-                    for p, recs in by_p.items():
+                    groups, errors = group_messages(msgs)
+                    for m in errors:
+                        if m.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("consume error: %s", m.error())
+                    for p, (offs, tss, keys, vals) in groups.items():
                         slot = self.slots.get(p)
                         if slot is None:
                             continue
-                        out = slot.process(recs)
+                        out = slot.process_columns(topic, offs, tss, keys, vals)
                         if out:
                             self._begin()
                             self.publisher.publish(out)

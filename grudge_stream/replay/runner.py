@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+from bisect import bisect_left
 import logging
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import IO
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.records import OutputRecord, SourceRecord
@@ -164,24 +166,23 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
             msgs = consumer.consume(batch_size, timeout=1.0)
             if not msgs:
                 continue
-            by_p: dict[int, list[SourceRecord]] = {}
-            for m in msgs:
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
+            groups, errors = group_messages(msgs)
+            for m in errors:
+                if m.error().code() != KafkaError._PARTITION_EOF:
                     raise ConfigError(f"error reading {topic}: {m.error()}")
-                p = m.partition()
-                if p not in todo or m.offset() >= ends[p]:
+            for p, (offs, tss, keys, vals) in groups.items():
+                if p not in todo:
                     continue
-                by_p.setdefault(p, []).append(
-                    SourceRecord(topic, p, m.offset(), m.timestamp()[1], m.key(), m.value()))
-            for p, recs in by_p.items():
-                out = operators[p].process(recs)
-                if out and sink is not None:
-                    sink.publish(out)
-                report.records += len(recs)
-                done_pp[p] = recs[-1].offset + 1 - starts[p]
-                if recs[-1].offset + 1 >= ends[p]:
+                cut = bisect_left(offs, ends[p])
+                if cut < len(offs):
+                    offs, tss, keys, vals = offs[:cut], tss[:cut], keys[:cut], vals[:cut]
+                if offs:
+                    out = operators[p].process_columns(topic, p, offs, tss, keys, vals)
+                    if out and sink is not None:
+                        sink.publish(out)
+                    report.records += len(offs)
+                    done_pp[p] = offs[-1] + 1 - starts[p]
+                if cut < len(groups[p][0]) or (offs and offs[-1] + 1 >= ends[p]):
                     todo.discard(p)
                     consumer.incremental_unassign([TopicPartition(topic, p)])
             if prog:

@@ -281,3 +281,33 @@ def test_known_key_operator_checks_unknown_keys_and_caches_only_accepted_ones() 
     # Forgotten after two rotations: checked again.
     out = op.process([ev(6, b"a", "seen", 1000 + 25_000)])
     assert [(o.role, o.key) for o in out] == [("checks", b"a")]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_column_batch_path_equals_the_record_path(seed: int) -> None:
+    rnd = random.Random(seed)
+    recs = stream(n=4000, seed=seed, jitter_ms=2500)
+    # Bad records of every kind the batch path handles itself.
+    mixed = []
+    for r in recs:
+        mixed.append(r)
+        if rnd.random() < 0.05:
+            bad = rnd.choice([(b"k", b"{nope"), (None, b'{"outcome":"bad"}'), (b"k", None),
+                              (b"k", b'{"outcome":"meh"}'), (b"x" * 2000, b'{"outcome":"bad"}')])
+            mixed.append(SourceRecord(TOPIC, 0, 0, r.timestamp_ms, bad[0], bad[1]))
+    mixed = [SourceRecord(TOPIC, 0, i, r.timestamp_ms, r.key, r.value) for i, r in enumerate(mixed)]
+    codec = EventCodec(value_field="outcome", outcomes={"bad": 0.1, "good": -0.01}, allow_numbers=False,
+                       max_key_bytes=1000)
+    slow, fast = score_op(codec=codec, latch_capacity=2), score_op(codec=codec, latch_capacity=2)
+    ref = slow.process(mixed)
+    out = []
+    pos = 0
+    while pos < len(mixed):
+        n = rnd.randint(1, 700)
+        chunk = mixed[max(0, pos - rnd.randint(0, 5)):pos + n]  # some re-delivered records too
+        out += fast.process_columns(TOPIC, 0, [r.offset for r in chunk], [r.timestamp_ms for r in chunk],
+                                    [r.key for r in chunk], [r.value for r in chunk])
+        pos += n
+    assert out == ref
+    assert fast.snapshot() == slow.snapshot()
+    assert any(o.role == "alerts" for o in ref) and any(o.role == "dead_letters" for o in ref)
