@@ -45,7 +45,8 @@ PARTS = 8
 
 
 def produce(bs: str, topic: str, n: int, keys: int) -> None:
-    AdminClient({"bootstrap.servers": bs}).create_topics([NewTopic(topic, PARTS, 1)])[topic].result()
+    admin = AdminClient({"bootstrap.servers": bs})
+    admin.create_topics([NewTopic(topic, PARTS, 1)])[topic].result(30)
     p = Producer({"bootstrap.servers": bs, "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
                   "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_000_000})
     rng = np.random.default_rng(1)
@@ -92,6 +93,9 @@ def _events_total(port: int) -> float:
     return sum(float(x) for x in re.findall(r'^grudge_events_total\{[^}]*\} ([0-9.e+]+)$', body, re.M))
 
 
+CHECKPOINT_INTERVAL = "5"
+
+
 def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir: str) -> tuple[float, float]:
     run = uuid.uuid4().hex[:8]
     port = free_port()
@@ -99,7 +103,7 @@ def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir:
     sets = {"source_topic": topic, "app_name": f"bench-{run}", "operator_id": f"bench-{run}",
             "alerts_topic": f"bench-{run}-alerts", "scores_topic": f"bench-{run}-scores",
             "dead_letter_topic": f"bench-{run}-dlq", "snapshot_topic": f"bench-{run}-snap",
-            "checkpoint_interval_s": "5", **extra}
+            "checkpoint_interval_s": CHECKPOINT_INTERVAL, **extra}
     cmd = [exe, "worker", "abuse_scores", "--bootstrap-servers", bs, "--web-port", str(port),
            "--runtime", runtime, "--loglevel", "warning"]
     for k, v in sets.items():
@@ -143,7 +147,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--faust", action="store_true", help="also run the Faust runtime (slow at 10M)")
     ap.add_argument("--eos", action="store_true", help="also run the exactly-once batch runtime")
+    ap.add_argument("--checkpoint-interval", type=float, default=5.0)
     args = ap.parse_args()
+    global CHECKPOINT_INTERVAL
+    CHECKPOINT_INTERVAL = str(args.checkpoint_interval)
     bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bs:
         sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_stream.devkafka start)")

@@ -120,7 +120,7 @@ class FeedbackScoreOperator(Operator):
             self.watermark = int(now[-1])
             self.counters["events"] += n
             self.counters["late"] += late
-            ev_keys = [keys[i] for i in idx.tolist()]
+            ev_keys = keys[start:] if (not bad and n == len(keys) - start) else [keys[i] for i in idx.tolist()]
             hashes = self.sketch.key_hashes(ev_keys)
             seq = [1]
             pos = 0
