@@ -35,9 +35,10 @@ test: install
 test-unit: install
 	$(BIN)/pytest tests/unit tests/property tests/golden
 
+DEMO_ARGS ?=
 demo: install
 	$(RUN_INSTALLED) grudge_stream.devkafka jars
-	$(BIN)/grudge-stream demo
+	$(BIN)/grudge-stream demo $(DEMO_ARGS)
 
 bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
