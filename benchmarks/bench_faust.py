@@ -58,34 +58,55 @@ def available_drains() -> list[str]:
 
 
 def run_baseline(mode: str, bootstrap: str, topic: str, partitions: int, records: int, app_id: str,
-                 timeout: float, take: int = 0) -> dict:
-    work = scratch_dir(f"bench-{mode}-")
-    out = work / "result.json"
-    cmd = [python(), str(BASELINE_WORKER), "--bootstrap", bootstrap, "--topic", topic,
-           "--partitions", str(partitions), "--expected", str(records), "--app-id", app_id,
-           "--mode", mode, "--out", str(out), "--timeout", str(timeout)]
-    if take:
-        cmd += ["--take", str(take)]
-    p = Proc(cmd, work / "worker.log", work)
-    deadline = time.monotonic() + timeout + 60
-    try:
-        while p.alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if p.alive():
-            raise RuntimeError(f"{mode} worker did not stop; log:\n{p.log_tail()}")
-    finally:
-        p.kill()
-    if not out.exists():
-        raise RuntimeError(f"{mode} worker wrote no result; log:\n{p.log_tail()}")
-    r = json.loads(out.read_text())
-    if r["reason"] != "complete" or r["t_first"] is None:
-        raise RuntimeError(f"{mode} worker: {r['reason']} after {r['events']} events; log:\n{p.log_tail()}")
-    secs = r["t_last"] - r["t_first"]
-    return {
-        "events": r["events"], "seconds": secs, "rate": (r["events"] - 1) / secs,
-        "cpu_s": r["cpu_last"] - r["cpu_first"], "rss_kb": r["rss_kb"], "hwm_kb": r["hwm_kb"],
-        "startup_s": r["startup_s"], "table_keys": r.get("table_keys"),
-    }
+                 timeout: float, take: int = 0, retries: int = 2) -> dict:
+    """One run of faust_baseline_worker.py; retried under a new app id if no event ever arrives.
+
+    A run where Faust stops delivering part way (reason ``stalled``) is kept: its rate is
+    that of the events that did arrive, and ``stalled_at`` says how many.
+    """
+    failures = []
+    for attempt in range(retries + 1):
+        aid = app_id if attempt == 0 else f"{app_id}-retry{attempt}"
+        work = scratch_dir(f"bench-{mode}-")
+        out = work / "result.json"
+        cmd = [python(), str(BASELINE_WORKER), "--bootstrap", bootstrap, "--topic", topic,
+               "--partitions", str(partitions), "--expected", str(records), "--app-id", aid,
+               "--mode", mode, "--out", str(out), "--timeout", str(timeout)]
+        if take:
+            cmd += ["--take", str(take)]
+        p = Proc(cmd, work / "worker.log", work)
+        deadline = time.monotonic() + timeout + 120
+        try:
+            while p.alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if p.alive():
+                raise RuntimeError(f"{mode} worker did not stop; log:\n{p.log_tail()}")
+        finally:
+            p.kill()
+        if not out.exists():
+            raise RuntimeError(f"{mode} worker wrote no result; log:\n{p.log_tail()}")
+        r = json.loads(out.read_text())
+        if r["reason"] == "no_events" or r["events"] < 1000:
+            failures.append({"app_id": aid, "reason": r["reason"], "events": r["events"],
+                             "diagnostics": r.get("diagnostics")})
+            print(f"# {mode} worker {aid}: {r['reason']} after {r['events']} events; retrying "
+                  f"(log {work / 'worker.log'})", flush=True)
+            continue
+        secs = r["t_last"] - r["t_first"]
+        res = {
+            "events": r["events"], "seconds": secs, "rate": (r["events"] - 1) / secs,
+            "cpu_s": r["cpu_last"] - r["cpu_first"], "cpu_events": r["cpu_events"],
+            "rss_kb": r["rss_kb"], "hwm_kb": r["hwm_kb"], "startup_s": r["startup_s"],
+            "table_keys": r.get("table_keys"), "failed_attempts": failures,
+        }
+        if r["reason"] != "complete":
+            res["stalled_at"] = r["events"]
+            res["stall_reason"] = r["reason"]
+            res["diagnostics"] = r.get("diagnostics")
+            print(f"# {mode} worker {aid}: {r['reason']} after {r['events']:,} of {records:,} events "
+                  f"(log {work / 'worker.log'})", flush=True)
+        return res
+    raise RuntimeError(f"{mode} worker delivered no events in {retries + 1} attempts: {failures}")
 
 
 def grudge_settings(run_id: str, topic: str, drain: str | None, extra: dict | None = None) -> dict:
@@ -148,7 +169,8 @@ def run_grudge(bootstrap: str, topic: str, records: int, run_id: str, drain: str
     secs = last[0] - first[0]
     return {
         "events": int(last[1]), "seconds": secs, "rate": (last[1] - first[1]) / secs,
-        "cpu_s": last[2] - first[2], "rss_kb": rss, "hwm_kb": hwm, "startup_s": first[0] - t_spawn,
+        "cpu_s": last[2] - first[2], "cpu_events": last[1] - first[1], "rss_kb": rss, "hwm_kb": hwm,
+        "startup_s": first[0] - t_spawn,
         "snapshots": int(snap_n), "snapshot_s_total": snap_s,
         "snapshot_bytes": max(snap_bytes) if snap_bytes else None, "alerts": int(alerts),
         "stop_s": stop_s, "exit_code": code, "log": str(work / "worker.log"),
@@ -219,12 +241,16 @@ def main() -> int:
                     results[lab].append(r)
                     loads.append(loadavg())
                     extra = ""
+                    if r.get("stalled_at") is not None:
+                        extra += f"  STALLED after {r['stalled_at']:,} events (rate over those)"
+                    if r.get("failed_attempts"):
+                        extra += f"  ({len(r['failed_attempts'])} attempt(s) got no events)"
                     if kind == "c":
-                        extra = (f"  snapshots {r['snapshots']} taking {r['snapshot_s_total']:.2f}s, "
+                        extra += (f"  snapshots {r['snapshots']} taking {r['snapshot_s_total']:.2f}s, "
                                  f"alerts {r['alerts']}, stop {r['stop_s']:.1f}s")
                     print(f"run {run + 1}/{args.runs} {lab:24s} {r['rate']:>12,.0f} ev/s  "
                           f"{r['seconds']:7.2f}s  cpu {r['cpu_s']:7.2f}s "
-                          f"({1e6 * r['cpu_s'] / r['events']:.1f} us/ev)  rss {r['rss_kb'] / 1024:.0f} MiB  "
+                          f"({1e6 * r['cpu_s'] / r['cpu_events']:.1f} us/ev)  rss {r['rss_kb'] / 1024:.0f} MiB  "
                           f"startup {r['startup_s']:.1f}s  load {la[0]:.2f}{extra}", flush=True)
         finally:
             if not args.keep_topics:
@@ -238,9 +264,12 @@ def main() -> int:
         med[lab] = {
             "rate": statistics.median(r["rate"] for r in rs),
             "rates": [round(r["rate"]) for r in rs],
-            "cpu_us_per_event": statistics.median(1e6 * r["cpu_s"] / r["events"] for r in rs),
+            "cpu_us_per_event": statistics.median(1e6 * r["cpu_s"] / r["cpu_events"] for r in rs),
             "cpu_share": statistics.median(r["cpu_s"] / r["seconds"] for r in rs),
             "rss_mib": statistics.median(r["rss_kb"] / 1024 for r in rs),
+            "events_min": min(r["events"] for r in rs),
+            "stalled_runs": sum(1 for r in rs if r.get("stalled_at") is not None),
+            "no_event_attempts": sum(len(r.get("failed_attempts") or ()) for r in rs),
         }
         for k in ("snapshots", "snapshot_s_total", "alerts"):
             if k in rs[0]:
@@ -254,6 +283,11 @@ def main() -> int:
     for lab, m in med.items():
         print(f"{lab:26s} {m['rate']:>18,.0f} {str(m['rates']):>28s} {m['cpu_us_per_event']:>10.1f} "
               f"{m['cpu_share']:>9.2f} {m['rss_mib']:>8.0f}")
+    for lab, m in med.items():
+        if m["stalled_runs"] or m["no_event_attempts"]:
+            print(f"  note: {lab}: {m['stalled_runs']} run(s) stopped receiving events part way (fewest events "
+                  f"processed: {m['events_min']:,}); {m['no_event_attempts']} attempt(s) received none and "
+                  "were retried under a new app id")
     ratios = {}
     a = next((m["rate"] for lab, m in med.items() if lab.startswith("a ")), None)
     b = next((m["rate"] for lab, m in med.items() if lab.startswith("b ")), None)

@@ -16,7 +16,16 @@ the memory store and raw serializers:
 The worker measures inside its own process: the monotonic time and process CPU time
 (all threads) when the first event reaches the agent and when the ``--expected``-th
 does, plus VmRSS / VmHWM at that moment. It writes them to ``--out`` as JSON and stops
-itself with SIGTERM (Faust's graceful path); ``--timeout`` bounds the run.
+itself with SIGTERM (Faust's graceful path).
+
+It also stops by itself when events stop arriving: no event for ``--stall-s`` seconds
+after the first (reason ``stalled``; the times then cover the events that did arrive),
+no event at all within ``--start-timeout`` seconds (``no_events``), or ``--timeout``.
+On a stall the consumer's flow-control state and aiokafka's partition positions are
+logged and put in the result. (The one cause seen so far was the broker deleting the
+event topic under the consumer: records stamped years in the past fall outside the
+default 7-day retention. kafkabench.produce_events now stamps recent times and
+disables retention on the topics it creates.)
 """
 from __future__ import annotations
 
@@ -44,6 +53,30 @@ def status_kb(field: str) -> int | None:
     return None
 
 
+def consumer_state(app: faust.App) -> dict:
+    """Faust's flow-control view and aiokafka's partition states (diagnostics only)."""
+    c = app.consumer
+    out: dict = {
+        "flow_active": c.flow_active,
+        "active": sorted(f"{tp.topic}/{tp.partition}" for tp in (c._active_partitions or ())),
+        "buffered": sorted(f"{tp.topic}/{tp.partition}" for tp in c._buffered_partitions),
+        "paused": sorted(f"{tp.topic}/{tp.partition}" for tp in c._paused_partitions),
+    }
+    try:
+        f = c._thread._consumer._fetcher
+        assignment = f._subscriptions.subscription.assignment
+        aio = {}
+        for tp in sorted(assignment.tps):
+            s = assignment.state_value(tp)
+            aio[f"{tp.topic}/{tp.partition}"] = {
+                "position": s.position if s.has_valid_position else None, "paused": s.paused,
+                "buffered": type(f._records[tp]).__name__ if tp in f._records else None}
+        out["aiokafka"] = aio
+    except Exception as exc:  # noqa: BLE001 - private attributes; diagnostics only
+        out["aiokafka_error"] = repr(exc)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bootstrap", required=True)
@@ -56,6 +89,8 @@ def main() -> None:
     ap.add_argument("--decay-per-s", type=float, default=0.01)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--stall-s", type=float, default=30.0)
+    ap.add_argument("--start-timeout", type=float, default=90.0)
     args = ap.parse_args()
 
     app = faust.App(
@@ -74,28 +109,33 @@ def main() -> None:
     source = app.topic(args.topic, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
 
-    st = {"n": 0, "t_first": None, "cpu_first": None, "wall_first": None}
+    # t_first/cpu_first: first event; t_last: newest event; (tick_n, tick_cpu): the CPU
+    # clock sampled once a second together with the event count.
+    st: dict = {"n": 0, "t_first": None, "cpu_first": None, "t_last": None, "tick_n": 0, "tick_cpu": None}
     done = asyncio.Event()
     t_start = time.monotonic()
+    table = None
 
-    def report(reason: str) -> None:
+    def report(reason: str, diag: dict | None = None) -> None:
         if done.is_set():
             return
         done.set()
+        complete = reason == "complete"
         result = {
             "reason": reason,
             "mode": args.mode,
             "events": st["n"],
             "t_first": st["t_first"],
-            "t_last": time.monotonic(),
+            "t_last": st["t_last"],
             "cpu_first": st["cpu_first"],
-            "cpu_last": time.process_time(),
-            "wall_first": st["wall_first"],
-            "wall_last": time.time(),
+            # On a stall the CPU clock is read at the last tick that saw progress.
+            "cpu_last": time.process_time() if complete else st["tick_cpu"],
+            "cpu_events": st["n"] if complete else st["tick_n"],
             "startup_s": None if st["t_first"] is None else st["t_first"] - t_start,
             "rss_kb": status_kb("VmRSS"),
             "hwm_kb": status_kb("VmHWM"),
             "table_keys": len(table) if table is not None else None,
+            "diagnostics": diag,
         }
         tmp = args.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result))
@@ -105,10 +145,9 @@ def main() -> None:
     def first() -> None:
         st["t_first"] = time.monotonic()
         st["cpu_first"] = time.process_time()
-        st["wall_first"] = time.time()
 
     expected = args.expected
-    table = None
+    mono = time.monotonic
 
     if args.mode == "count":
         if args.take:
@@ -118,6 +157,7 @@ def main() -> None:
                     if st["t_first"] is None:
                         first()
                     st["n"] += len(events)
+                    st["t_last"] = mono()
                     if st["n"] >= expected:
                         report("complete")
         else:
@@ -127,6 +167,7 @@ def main() -> None:
                     if st["t_first"] is None:
                         first()
                     st["n"] += 1
+                    st["t_last"] = mono()
                     if st["n"] >= expected:
                         report("complete")
     else:
@@ -158,13 +199,25 @@ def main() -> None:
                     score = min(1.0, max(0.0, score + delta))
                     table[msg.key] = pack(score, last)
                 st["n"] += 1
+                st["t_last"] = mono()
                 if st["n"] >= expected:
                     report("complete")
 
-    @app.task
+    @app.timer(1.0)
     async def watchdog():
-        await asyncio.sleep(args.timeout)
-        report("timeout")
+        now = mono()
+        if st["n"] != st["tick_n"] or st["tick_cpu"] is None:
+            st["tick_n"], st["tick_cpu"] = st["n"], time.process_time()
+        if now - t_start > args.timeout:
+            report("timeout", consumer_state(app))
+        elif st["t_last"] is None and now - t_start > args.start_timeout:
+            diag = consumer_state(app)
+            print("no events:", json.dumps(diag), flush=True)
+            report("no_events", diag)
+        elif st["t_last"] is not None and now - st["t_last"] > args.stall_s:
+            diag = consumer_state(app)
+            print(f"stalled after {st['n']} events:", json.dumps(diag), flush=True)
+            report("stalled", diag)
 
     worker = faust.Worker(app, loglevel="WARNING", quiet=True)
     worker.execute_from_commandline()

@@ -96,19 +96,29 @@ def client_keys(n: int, seed: int = 7) -> list[bytes]:
     return [format((i * mult + off) & mask, "016x").encode() for i in range(n)]
 
 
+# Event topics keep their records whatever their timestamps: the broker's default
+# retention (7 days, judged by record timestamps) would otherwise delete a stream stamped
+# in the past while a worker reads it, and the consumer would silently jump to the end.
+EVENT_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
 def produce_events(bootstrap: str, topic: str, *, partitions: int, records: int, keys: int,
                    bad_fraction: float = 0.1, step_ms: float = 1.0, seed: int = 11,
-                   create: bool = True) -> dict:
+                   create: bool = True, end_ms: int | None = None) -> dict:
     """Write ``records`` events over ``keys`` distinct keys to a new topic; return a summary.
 
     Key ``i`` of record ``i`` is ``ids[perm[i % keys]]``: with ``keys == records`` every key
     appears once; with fewer keys each appears ``records / keys`` times. Event time advances
-    ``step_ms`` per record from a fixed base, so every run sees the same stream.
+    ``step_ms`` per record and the last record is stamped ``end_ms`` (default: now), so
+    every run of a script reads the same stream, and it looks like recent traffic.
     """
     from confluent_kafka import Producer
 
     if create:
-        create_topic(bootstrap, topic, partitions)
+        create_topic(bootstrap, topic, partitions, EVENT_TOPIC_CONFIG)
+    if end_ms is None:
+        end_ms = time.time_ns() // 1_000_000
+    base_ms = end_ms - int((records - 1) * step_ms)
     ids = client_keys(keys, seed)
     rng = np.random.default_rng(seed + 1)
     perm = rng.permutation(keys)
@@ -120,7 +130,7 @@ def produce_events(bootstrap: str, topic: str, *, partitions: int, records: int,
     produce = producer.produce
     for i in range(records):
         key = ids[perm[i % keys]]
-        ts = BASE_TS_MS + int(i * step_ms)
+        ts = base_ms + int(i * step_ms)
         while True:
             try:
                 produce(topic, value=BAD if bad[i] else GOOD, key=key, timestamp=ts)
@@ -137,7 +147,7 @@ def produce_events(bootstrap: str, topic: str, *, partitions: int, records: int,
     total = sum(ends.values())
     if total != records:
         raise RuntimeError(f"topic {topic} holds {total} records, expected {records}")
-    return {"topic": topic, "records": records, "keys": keys, "partitions": partitions,
+    return {"topic": topic, "records": records, "keys": keys, "partitions": partitions, "base_ms": base_ms,
             "produce_seconds": round(seconds, 2), "per_partition": ends}
 
 
