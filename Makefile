@@ -2,6 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# Broker jars stay in the checkout (git-ignored), whichever directory a command runs in.
+export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
+# Run the installed package from outside the checkout: `python -m` from here would import the
+# uncompiled source tree instead.
+RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
 .PHONY: help install test test-unit bench broker-start broker-stop broker-status demo clean
 
@@ -24,27 +29,27 @@ install: $(BIN)/python
 # pytest's session fixture starts and stops the broker (KAFKA_BOOTSTRAP_SERVERS, testcontainers
 # or the local jars, in that order); fetching the jars first keeps the download out of test time.
 test: install
-	$(BIN)/python -m grudge_stream.devkafka jars
+	$(RUN_INSTALLED) grudge_stream.devkafka jars
 	$(BIN)/pytest
 
 test-unit: install
 	$(BIN)/pytest tests/unit tests/property tests/golden
 
 demo: install
-	$(BIN)/python -m grudge_stream.devkafka jars
+	$(RUN_INSTALLED) grudge_stream.devkafka jars
 	$(BIN)/grudge-stream demo
 
 bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 broker-start: install
-	$(BIN)/python -m grudge_stream.devkafka start
+	$(RUN_INSTALLED) grudge_stream.devkafka start
 
 broker-stop:
-	$(BIN)/python -m grudge_stream.devkafka stop
+	$(RUN_INSTALLED) grudge_stream.devkafka stop
 
 broker-status:
-	$(BIN)/python -m grudge_stream.devkafka status
+	$(RUN_INSTALLED) grudge_stream.devkafka status
 
 clean:
 	rm -rf build dist *.egg-info

@@ -37,6 +37,7 @@ cdef extern from *:
     int gb_popcount64(uint64_t x) nogil
 
 cdef enum:
+    SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
     MAXG = 64       # mirrors grudge_stream.sketches.bloom.MAX_GENERATIONS
     PF = 8          # prefetch distance in keys (power of two)
     MAXK = 64       # mirrors grudge_stream.sketches.bloom.MAX_HASHES
@@ -99,6 +100,7 @@ cdef class ForgettingBloom:
     cdef object _clock
     cdef bint _sysclock
     cdef object _config
+    cdef object _scratch            # reused hash buffer for key lists (avoids page faults per batch)
 
     def __cinit__(self, *args, **kwargs):
         self._words = NULL
@@ -341,6 +343,11 @@ cdef class ForgettingBloom:
             self._advance(t)
         return 0
 
+    cdef inline int64_t _pending(self, int64_t p) noexcept nogil:
+        """Rotations due between the current period and period p (p > P), saturated."""
+        cdef uint64_t d = <uint64_t>p - <uint64_t>self._P
+        return <int64_t>d if d < <uint64_t>INT64_MAX else INT64_MAX
+
     cdef uint64_t _live_after(self, int64_t pending) noexcept nogil:
         """Generation mask of what would still be live after `pending` rotations."""
         cdef uint64_t mask = 0
@@ -362,8 +369,7 @@ cdef class ForgettingBloom:
         t = self._now(now_ms)
         if not self._started or t < self._win_hi:
             return self._gmask
-        p = gs_floordiv(t, self._period_ms)
-        return self._live_after(p - self._P if p - self._P > 0 else INT64_MAX)
+        return self._live_after(self._pending(gs_floordiv(t, self._period_ms)))
 
     # ------------------------------------------------------------------ bits
 
@@ -495,7 +501,7 @@ cdef class ForgettingBloom:
             live = live0
             if ts != NULL and self._started and ts[i] >= self._win_hi:
                 p = gs_floordiv(ts[i], self._period_ms)
-                live = self._live_after(p - self._P)
+                live = self._live_after(self._pending(p))
             out[i] = self._probe(hs[i], live) if live else False
             if i + PF < n:
                 self._prefetch(hs[i + PF])
@@ -532,11 +538,22 @@ cdef class ForgettingBloom:
 
     # ------------------------------------------------------------------ batch API
 
+    cdef object _scratch_for(self, Py_ssize_t n):
+        """A uint64 buffer of n entries for one batch's hashes: a reused one up to
+        SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
+        than the hashing itself), a temporary one beyond. Not thread-safe, like the
+        sketch itself."""
+        if n > SCRATCH_MAX:
+            return np.empty(n, dtype=np.uint64)
+        if self._scratch is None or self._scratch.shape[0] < n:
+            self._scratch = np.empty(max(n, 1024), dtype=np.uint64)
+        return self._scratch[:n]
+
     cdef tuple _batch(self, keys, now_ms):
         hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
         cdef uint64_t[::1] hv
         if hashes is None:
-            hashes = np.empty(len(source), dtype=np.uint64)
+            hashes = self._scratch_for(len(source))
             hv = hashes
             if hv.shape[0]:
                 hash_items(&self._hasher, source, &hv[0], hv.shape[0])
@@ -736,12 +753,13 @@ cdef class ForgettingBloom:
             self._words[i] = bv[i]
         self._recount()
         for g in range(G):
-            if not is_int(counts[g], 0, self._config.capacity) or pops[g] != self._pops[g]:
+            if (not is_int(counts[g], 0, self._config.capacity) or type(pops[g]) is not int
+                    or pops[g] != self._pops[g]):
                 raise SnapshotError(f"ForgettingBloom generation {g} state does not match its bits")
             if counts[g] > self._pops[g]:
                 raise SnapshotError(f"ForgettingBloom generation {g} counts more inserts than set bits")
             self._counts[g] = counts[g]
-        if header["union_popcount"] != self._union_pop:
+        if type(header["union_popcount"]) is not int or header["union_popcount"] != self._union_pop:
             raise SnapshotError("ForgettingBloom snapshot union popcount does not match its bits")
         if counts[header["newest"]] >= self._config.capacity:
             raise SnapshotError("ForgettingBloom newest generation is at capacity (it should have rotated)")

@@ -33,6 +33,7 @@ cdef extern from "gsketch.h" nogil:
     int64_t gs_floordiv(int64_t a, int64_t b)
 
 cdef enum:
+    SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
     MAX_DEPTH = 32      # mirrors grudge_stream.sketches.countmin.MAX_DEPTH
     PF = 8              # prefetch distance in events (power of two): ~8 events of 4 rows
                         # keep ~32 cache misses in flight, enough to hide DRAM/L3 latency
@@ -112,14 +113,18 @@ cdef class DecayingCountMin:
     cdef object _clock
     cdef bint _sysclock
     cdef object _config
+    cdef object _scratch            # reused hash buffer for key lists (avoids page faults per batch)
     # top-k candidate set: slots 0.._hsize-1, a binary min-heap over slots ordered by
     # (value, hash), and an open-addressing (linear probing) table hash -> slot.
     cdef int32_t _topn, _hsize
+    cdef uint32_t _tmin             # the heap root's stored value once the set is full, else 0
     cdef uint64_t* _thash
-    cdef uint32_t* _tval            # estimate at the last touch, decayed to epoch E
+    cdef uint32_t* _tval            # estimate at admission or last refresh, decayed to epoch E:
+                                    # a lower bound of the key's current estimate
     cdef int32_t* _heap
     cdef int32_t* _tpos
     cdef int32_t* _table
+    cdef uint64_t* _tabh
     cdef uint32_t _tmask
     cdef int _tshift
     cdef int64_t* _tsrc
@@ -134,6 +139,7 @@ cdef class DecayingCountMin:
         self._heap = NULL
         self._tpos = NULL
         self._table = NULL
+        self._tabh = NULL
         self._tsrc = NULL
         self._dirty = NULL
 
@@ -144,6 +150,7 @@ cdef class DecayingCountMin:
         free(self._heap)
         free(self._tpos)
         free(self._table)
+        free(self._tabh)
         free(self._tsrc)
         free(self._dirty)
 
@@ -201,8 +208,10 @@ cdef class DecayingCountMin:
             self._tsrc = <int64_t*>gs_alloc_zeroed(8 * <size_t>self._topn)
             self._dirty = <int32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
             self._table = <int32_t*>gs_alloc_zeroed(4 * <size_t>tsize)
+            self._tabh = <uint64_t*>gs_alloc_zeroed(8 * <size_t>tsize)
             if (self._thash == NULL or self._tval == NULL or self._heap == NULL or self._tpos == NULL
-                    or self._tsrc == NULL or self._dirty == NULL or self._table == NULL):
+                    or self._tsrc == NULL or self._dirty == NULL or self._table == NULL
+                    or self._tabh == NULL):
                 raise MemoryError("cannot allocate the top-k candidate set")
             for i in range(tsize):
                 self._table[i] = -1
@@ -442,6 +451,7 @@ cdef class DecayingCountMin:
         cdef uint32_t stamp = emod << cbits
         cdef int64_t win_hi = self._win_hi
         cdef bint topk = self._topn > 0
+        cdef uint32_t tmin = self._tmin
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, est, c, g, w
         cdef uint32_t* p
@@ -463,6 +473,7 @@ cdef class DecayingCountMin:
                 emod = <uint32_t>(<uint64_t>self._E) & smask
                 stamp = emod << cbits
                 win_hi = self._win_hi
+                tmin = self._tmin
             if ws != NULL:
                 w = cmask if ws[i] > cmask else <uint32_t>ws[i]
             h = hs[i]
@@ -480,10 +491,11 @@ cdef class DecayingCountMin:
                 if v < est:
                     est = v
                 row += width
-            if topk:
+            if topk and est > tmin and self._tfind(h) < 0:
                 adm = self._topk_touch(h, est)
                 if adm >= 0:
                     self._mark_dirty(adm, i)
+                tmin = self._tmin
             if i + PF < n:
                 h = hs[i + PF]
                 row = cells
@@ -529,6 +541,43 @@ cdef class DecayingCountMin:
                 row = cells
                 for r in range(depth):
                     gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
+                    row += width
+
+    cdef void _run_query_plain(self, const uint64_t* hs, Py_ssize_t n, int64_t* out) noexcept nogil:
+        """The common read: every key at the sketch's current epoch."""
+        cdef uint32_t* cells = self._cells
+        cdef uint32_t depth = self._depth, width = self._width
+        cdef uint64_t magic = self._magic
+        cdef uint32_t pmask = self._pmask
+        cdef int cbits = self._cbits
+        cdef uint32_t cmask = self._cmask, smask = self._smask
+        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef Py_ssize_t i, j
+        cdef uint32_t r, v, est, c, g
+        cdef uint32_t* row
+        cdef uint64_t h
+        for j in range(n if n < PF else PF):
+            h = hs[j]
+            row = cells
+            for r in range(depth):
+                gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
+                row += width
+        for i in range(n):
+            h = hs[i]
+            row = cells
+            est = 0xFFFFFFFFu
+            for r in range(depth):
+                c = row[gs_km_index_p(h, r, magic, width, pmask)]
+                g = (emod - (c >> cbits)) & smask
+                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                est = v if v < est else est
+                row += width
+            out[i] = est
+            if i + PF < n:
+                h = hs[i + PF]
+                row = cells
+                for r in range(depth):
+                    gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
                     row += width
 
     cdef void _run_query(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
@@ -630,6 +679,8 @@ cdef class DecayingCountMin:
         while i >= 0:
             self._sift_down(i)
             i -= 1
+        if self._hsize:
+            self._update_tmin()
 
     cdef void _topk_decay(self, uint64_t d) noexcept nogil:
         """Every candidate's stored estimate decays by d epochs; (value, hash) ties that
@@ -644,11 +695,13 @@ cdef class DecayingCountMin:
         return <uint32_t>((h * 0x9E3779B97F4A7C15ULL) >> self._tshift) & self._tmask
 
     cdef inline int32_t _tfind(self, uint64_t h) noexcept nogil:
+        """The slot tracking h, or -1. Table entries keep the hash beside the slot so a
+        hit costs one probe without touching the slot arrays."""
         cdef uint32_t b = self._tbucket(h)
         cdef int32_t s
         while True:
             s = self._table[b]
-            if s < 0 or self._thash[s] == h:
+            if s < 0 or self._tabh[b] == h:
                 return s
             b = (b + 1) & self._tmask
 
@@ -657,40 +710,45 @@ cdef class DecayingCountMin:
         while self._table[b] >= 0:
             b = (b + 1) & self._tmask
         self._table[b] = slot
+        self._tabh[b] = h
 
     cdef void _tdelete(self, uint64_t h) noexcept nogil:
         """Remove h with backward-shift deletion (no tombstones)."""
         cdef uint32_t i = self._tbucket(h), j, k
-        while self._thash[self._table[i]] != h:
+        while self._table[i] < 0 or self._tabh[i] != h:
             i = (i + 1) & self._tmask
         j = i
         while True:
             j = (j + 1) & self._tmask
             if self._table[j] < 0:
                 break
-            k = self._tbucket(self._thash[self._table[j]])
+            k = self._tbucket(self._tabh[j])
             # Leave the entry at j if its home bucket k lies cyclically in (i, j].
             if (i <= j and i < k and k <= j) or (i > j and (i < k or k <= j)):
                 continue
             self._table[i] = self._table[j]
+            self._tabh[i] = self._tabh[j]
             i = j
         self._table[i] = -1
 
-    cdef inline int32_t _topk_touch(self, uint64_t h, uint32_t est) noexcept nogil:
+    cdef inline void _update_tmin(self) noexcept nogil:
+        self._tmin = self._tval[self._heap[0]] if (self._topn and self._hsize == self._topn) else 0
+
+    cdef int32_t _topk_touch(self, uint64_t h, uint32_t est) noexcept nogil:
         """Offer a key's fresh estimate to the candidate set; return the slot when the
-        key was newly admitted (the caller records its key), else -1."""
+        key was newly admitted (the caller records its key), else -1.
+
+        Stored values are refreshed lazily: a tracked key's touch writes nothing, and
+        before an eviction the root is re-read from the matrix (its stored value is a
+        lower bound that only grows) until the root's stored value is its current
+        estimate; only then is it the candidate with the smallest estimate."""
         cdef int32_t s
+        cdef uint32_t cur
         if est == 0:
             return -1
         if self._hsize == self._topn and est <= self._tval[self._heap[0]]:
-            # Not above the minimum: an untracked key is not admitted, and a tracked
-            # key's stored value is already equal to est (stored <= est <= min <= stored).
-            return -1
-        s = self._tfind(h)
-        if s >= 0:
-            if est > self._tval[s]:
-                self._tval[s] = est
-                self._sift_down(self._tpos[s])
+            return -1                      # not above the minimum (tracked or not: nothing to do)
+        if self._tfind(h) >= 0:
             return -1
         if self._hsize < self._topn:
             s = self._hsize
@@ -700,13 +758,24 @@ cdef class DecayingCountMin:
             self._heap[s] = s
             self._tinsert(h, s)
             self._sift_up(s)
+            self._update_tmin()
             return s
-        s = self._heap[0]
+        while True:
+            s = self._heap[0]
+            cur = self._estimate(self._thash[s], self._E)
+            if cur <= self._tval[s]:
+                break
+            self._tval[s] = cur
+            self._sift_down(0)
+        if est <= self._tval[s]:
+            self._update_tmin()
+            return -1
         self._tdelete(self._thash[s])
         self._thash[s] = h
         self._tval[s] = est
         self._tinsert(h, s)
         self._sift_down(0)
+        self._update_tmin()
         return s
 
     cdef inline void _mark_dirty(self, int32_t slot, int64_t src) noexcept nogil:
@@ -760,11 +829,22 @@ cdef class DecayingCountMin:
 
     # ------------------------------------------------------------------ batch API
 
+    cdef object _scratch_for(self, Py_ssize_t n):
+        """A uint64 buffer of n entries for one batch's hashes: a reused one up to
+        SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
+        than the hashing itself), a temporary one beyond. Not thread-safe, like the
+        sketch itself."""
+        if n > SCRATCH_MAX:
+            return np.empty(n, dtype=np.uint64)
+        if self._scratch is None or self._scratch.shape[0] < n:
+            self._scratch = np.empty(max(n, 1024), dtype=np.uint64)
+        return self._scratch[:n]
+
     cdef tuple _hashes(self, keys):
         hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
         cdef uint64_t[::1] hv
         if hashes is None:
-            hashes = np.empty(len(source), dtype=np.uint64)
+            hashes = self._scratch_for(len(source))
             hv = hashes
             if hv.shape[0]:
                 hash_items(&self._hasher, source, &hv[0], hv.shape[0])
@@ -813,15 +893,21 @@ cdef class DecayingCountMin:
             self._resolve_dirty(source, kind)
         return n
 
-    def query_many(self, keys, now_ms=None):
-        """Batch twin of :meth:`query`: a new int64 array of estimates."""
+    def query_many(self, keys, now_ms=None, out=None):
+        """Batch twin of :meth:`query`: an int64 array of estimates, new or ``out`` (a
+        writable C-contiguous int64 array of the batch's length, reused across batches
+        to save an allocation per batch)."""
         hashes, _, _ = self._hashes(keys)
         cdef Py_ssize_t n = hashes.shape[0]
         cdef const uint64_t[::1] hv = hashes
         cdef const int64_t[::1] tv
         cdef const int64_t* tp = NULL
         cdef int64_t q0 = self._E
-        out = np.empty(n, dtype=np.int64)
+        if out is None:
+            out = np.empty(n, dtype=np.int64)
+        elif not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.ndim == 1
+                  and out.shape[0] == n):
+            raise InvalidInputError(f"out must be a 1-D int64 numpy array of length {n}")
         cdef int64_t[::1] ov = out
         if self._epoch_ms != 0:
             t0, tarr = prepare_times(now_ms, n)
@@ -836,7 +922,10 @@ cdef class DecayingCountMin:
         if n == 0:
             return out
         with nogil:
-            self._run_query(&hv[0], n, tp, q0, &ov[0])
+            if tp == NULL and q0 == self._E and self._started:
+                self._run_query_plain(&hv[0], n, &ov[0])
+            else:
+                self._run_query(&hv[0], n, tp, q0, &ov[0])
         return out
 
     # ------------------------------------------------------------------ heavy hitters
@@ -987,6 +1076,7 @@ cdef class DecayingCountMin:
             self._tkeys[s] = key
             self._tinsert(h, s)
         self._heapify()
+        self._update_tmin()
 
     # ------------------------------------------------------------------ snapshots
 
@@ -1132,3 +1222,4 @@ cdef class DecayingCountMin:
                 raise SnapshotError("DecayingCountMin candidate set is not a valid heap")
         for i in range(ncand):
             self._tinsert(self._thash[i], <int32_t>i)
+        self._update_tmin()

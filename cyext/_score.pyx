@@ -292,6 +292,45 @@ def decay_apply(int code, double param, double score, int64_t dt_ms):
     return cell_decayed(&c, score, 0, dt_ms, &dc)
 
 
+cdef extern from "pythread.h":
+    ctypedef void* PyThread_type_lock
+    PyThread_type_lock PyThread_allocate_lock()
+    void PyThread_free_lock(PyThread_type_lock l)
+    int PyThread_acquire_lock(PyThread_type_lock l, int waitflag) nogil
+    void PyThread_release_lock(PyThread_type_lock l) nogil
+
+
+def _lock_cost(Py_ssize_t n=1_000_000):
+    """Uncontended acquire+release cost in ns (for benchmarks/bench_score.py): this
+    kernel's lock with and without the GIL, and a PyThread lock for comparison."""
+    import time
+    cdef gs_lock lk
+    cdef Py_ssize_t i
+    cdef PyThread_type_lock pl = PyThread_allocate_lock()
+    lk.state = 0
+    lk.waiters = 0
+    out = {}
+    t = time.perf_counter_ns()
+    for i in range(n):
+        gs_lock_acquire_gil(&lk)
+        gs_lock_release(&lk)
+    out["gs_lock_with_gil_ns"] = (time.perf_counter_ns() - t) / n
+    t = time.perf_counter_ns()
+    with nogil:
+        for i in range(n):
+            gs_lock_acquire_nogil(&lk)
+            gs_lock_release(&lk)
+    out["gs_lock_nogil_ns"] = (time.perf_counter_ns() - t) / n
+    t = time.perf_counter_ns()
+    with nogil:
+        for i in range(n):
+            PyThread_acquire_lock(pl, 1)
+            PyThread_release_lock(pl)
+    out["pythread_lock_nogil_ns"] = (time.perf_counter_ns() - t) / n
+    PyThread_free_lock(pl)
+    return out
+
+
 # ---- argument handling (all before any cell is touched) ----------------------------
 
 cdef inline int64_t _time_arg(object v) except? -1:

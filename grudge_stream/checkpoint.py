@@ -159,7 +159,8 @@ class CheckpointStore:
 
     def __init__(self, bootstrap_servers: str, topic: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  producer_config: dict | None = None, consumer_config: dict | None = None,
-                 scan_window: int = 64, timeout_s: float = 30.0, chunk_delay_s: float = 0.0) -> None:
+                 scan_window: int = 64, timeout_s: float = 30.0, chunk_delay_s: float = 0.0,
+                 producer: Producer | None = None) -> None:
         if chunk_bytes < 1024 or chunk_bytes > 1024 * 1024:
             raise ValueError("chunk_bytes must be between 1 KiB and 1 MiB")
         self.bootstrap_servers = bootstrap_servers
@@ -189,7 +190,10 @@ class CheckpointStore:
             "isolation.level": "read_committed",
             **(consumer_config or {}),
         }
-        self._producer: Producer | None = None
+        # A caller's producer (a transactional one, so snapshots commit atomically with the
+        # outputs and source offsets of their interval), or one made on first write.
+        self._producer: Producer | None = producer
+        self._own_producer = producer is None
         self._partitions: int | None = None
         # (operator, partition) -> (newest generation number, last good generation's ref)
         self._last: dict[tuple[str, int], tuple[int, SnapshotRef | None]] = {}
@@ -311,7 +315,7 @@ class CheckpointStore:
         self._last.pop((operator_id, partition), None)
 
     def close(self) -> None:
-        if self._producer is not None:
+        if self._producer is not None and self._own_producer:
             self._producer.flush(self.timeout_s)
             self._producer = None
 
@@ -321,16 +325,22 @@ class CheckpointStore:
         return Consumer(self._consumer_config)
 
     def _read_range(self, consumer: Consumer, sp: int, start: int, end: int) -> Iterable:
-        """Messages of snapshot partition ``sp`` with offsets in [start, end)."""
+        """Messages of snapshot partition ``sp`` with offsets in [start, end).
+
+        The reader is read_committed: transaction markers and aborted records are never
+        delivered, so progress is judged by the consumer's position, and records behind
+        another writer's open transaction count as not there yet (the range ends at the
+        last stable offset once the position stops moving).
+        """
         if start >= end:
             return
-        consumer.assign([TopicPartition(self.topic, sp, start)])
+        tp = TopicPartition(self.topic, sp, start)
+        consumer.assign([tp])
         deadline = time.monotonic() + self.timeout_s
-        pos = start
-        while pos < end:
-            msgs = consumer.consume(num_messages=min(500, end - pos), timeout=0.5)
-            if not msgs and time.monotonic() > deadline:
-                raise CheckpointError(f"timed out reading {self.topic}[{sp}] at offset {pos} (end {end})")
+        idle_since = time.monotonic()
+        last_pos = start
+        while True:
+            msgs = consumer.consume(num_messages=500, timeout=0.2)
             for m in msgs:
                 if m.error():
                     if m.error().code() == KafkaError._PARTITION_EOF:
@@ -338,10 +348,17 @@ class CheckpointStore:
                     raise CheckpointError(f"error reading {self.topic}[{sp}]: {m.error()}")
                 if m.offset() >= end:
                     return
-                pos = m.offset() + 1
                 yield m
-            if msgs:
+            (pos,) = consumer.position([TopicPartition(self.topic, sp)])
+            if pos.offset >= end:
+                return
+            if pos.offset != last_pos or msgs:
+                last_pos, idle_since = pos.offset, time.monotonic()
                 deadline = time.monotonic() + self.timeout_s
+            elif pos.offset >= 0 and time.monotonic() - idle_since > 2.0:
+                return  # nothing readable past the last stable offset
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"timed out reading {self.topic}[{sp}] at offset {pos.offset} (end {end})")
 
     def read_manifest(self, operator_id: str, partition: int) -> Manifest | None:
         """The newest manifest of (operator, partition), scanning backwards from the end."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -32,9 +33,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import faust
-
-    from grudge_stream.faust.app import build_app
     from grudge_stream.topics import ensure_topology_topics
 
     settings = _settings(args)
@@ -42,6 +40,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.no_create_topics:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
                                create_source=args.create_source)
+    runtime = args.runtime or settings.get("runtime", "faust")
+    if runtime == "batch":
+        from grudge_stream.replay.live import run_batch_worker
+
+        logging.getLogger().setLevel(args.loglevel.upper())
+        return run_batch_worker(topology, settings)
+    if runtime != "faust":
+        raise SystemExit(f"--runtime must be faust or batch, not {runtime!r}")
+    import faust
+
+    from grudge_stream.faust.app import build_app
+
     app = build_app(topology, settings)
     worker = faust.Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
     worker.execute_from_commandline()
@@ -57,6 +67,34 @@ def cmd_topics(args: argparse.Namespace) -> int:
                                create_source=True)
     print(f"{topology.source_topic}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
           f"snapshots {topology.snapshot_topic}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from grudge_stream.exceptions import GrudgeError
+    from grudge_stream.replay.ranges import parse_position
+    from grudge_stream.replay.runner import make_sink, replay
+
+    settings = _settings(args)
+    try:
+        topology = load_topology(args.topology, settings)
+        overrides = {}
+        for item in args.output_topic or []:
+            role, _, topic = item.partition("=")
+            if not topic or role not in topology.outputs:
+                raise SystemExit(f"--output-topic takes ROLE=TOPIC with ROLE in {sorted(topology.outputs)}")
+            overrides[role] = topic
+        sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides)
+        report = replay(topology, settings.bootstrap_servers, start=parse_position(args.from_),
+                        end=parse_position(args.to), sink=sink, write_snapshots=args.write_snapshots,
+                        from_snapshot=args.from_snapshot, progress=not args.quiet)
+    except GrudgeError as exc:
+        print(f"grudge-stream replay: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"records": report.records, "seconds": round(report.seconds, 3),
+                      "rate": round(report.rate), "outputs": report.outputs,
+                      "snapshots": report.snapshots, "start": report.start, "end": report.end}),
+          file=sys.stderr if args.output in ("-", "stdout") else sys.stdout)
     return 0
 
 
@@ -77,12 +115,30 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--partitions", type=int, default=None, help="partitions when creating the source topic")
     w.add_argument("--create-source", action="store_true", help="create the source topic if missing")
     w.add_argument("--no-create-topics", action="store_true", help="do not create output/snapshot topics")
+    w.add_argument("--runtime", choices=["faust", "batch"], default=None,
+                   help="faust (a Faust worker, default) or batch (the confluent-kafka batch runtime)")
     w.set_defaults(func=cmd_worker)
 
     t = sub.add_parser("topics", help="create a topology's topics")
     _common(t)
     t.add_argument("--partitions", type=int, default=8)
     t.set_defaults(func=cmd_topics)
+
+    r = sub.add_parser("replay", help="run a topology over a range of its source topic (backfill)")
+    _common(r)
+    r.add_argument("--from", dest="from_", default="earliest",
+                   help="start: earliest, now, an offset, @<epoch ms> or an ISO-8601 time (default earliest)")
+    r.add_argument("--to", default="now", help="end (exclusive), same forms (default now)")
+    r.add_argument("--output", default="topology",
+                   help="topology (its output topics), none, stdout, or jsonl:PATH (default topology)")
+    r.add_argument("--output-topic", action="append", metavar="ROLE=TOPIC",
+                   help="send one output role to another topic (e.g. alerts=backfill-alerts)")
+    r.add_argument("--write-snapshots", action="store_true",
+                   help="write snapshots at the end offsets for a live worker to adopt")
+    r.add_argument("--from-snapshot", action="store_true",
+                   help="start each partition from its newest snapshot instead of a fresh state")
+    r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="local broker + abuse-score worker + traffic; prints alerts")
     d.add_argument("--seconds", type=float, default=45.0)

@@ -27,6 +27,13 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+def _console_script() -> str:
+    path = os.path.join(os.path.dirname(sys.executable), "grudge-stream")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} not found: install grudge-stream (make install) to run the demo")
+    return path
+
+
 def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -> int:
     from grudge_stream.devkafka import LocalKafka, free_port
     from grudge_stream.topics import ensure_topology_topics
@@ -57,12 +64,15 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
         topology = load_topology("abuse_scores", settings)
         ensure_topology_topics(topology, bootstrap, partitions=partitions, create_source=True)
         port = free_port()
-        cmd = [sys.executable, "-m", "grudge_stream.cli", "worker", "abuse_scores",
+        # The installed console script, not `python -m`: that would put the working directory
+        # (a source checkout, say) ahead of the installed package on sys.path.
+        cmd = [_console_script(), "worker", "abuse_scores",
                "--bootstrap-servers", bootstrap, "--web-port", str(port), "--loglevel", "warning"]
         for k, v in overrides.items():
             if k != "bootstrap_servers":
                 cmd += ["--set", f"{k}={v}"]
-        _say(f"broker {bootstrap}; worker: {' '.join(cmd[2:5])} (metrics on http://127.0.0.1:{port}/metrics)")
+        _say(f"broker {bootstrap}; worker: grudge-stream worker abuse_scores "
+             f"(metrics on http://127.0.0.1:{port}/metrics)")
         log_path = os.path.abspath(f"demo-worker-{run}.log")
         with open(log_path, "wb") as log_file:
             worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)

@@ -19,10 +19,12 @@ class OutputPublisher:
     snapshot never covers an output that was not delivered.
     """
 
-    def __init__(self, bootstrap_servers: str, topics: dict[str, str], *, config: dict | None = None) -> None:
+    def __init__(self, bootstrap_servers: str, topics: dict[str, str], *, config: dict | None = None,
+                 producer: Producer | None = None) -> None:
         self.topics = dict(topics)
         self._errors: list[str] = []
-        self.producer = Producer({
+        # A caller's producer (e.g. a transactional one shared with the checkpoint store) or our own.
+        self.producer = producer if producer is not None else Producer({
             "bootstrap.servers": bootstrap_servers,
             "enable.idempotence": True,
             "acks": "all",

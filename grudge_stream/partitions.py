@@ -128,6 +128,13 @@ class PartitionSlot:
             self._update_metrics()
         return out
 
+    def process_columns(self, topic: str, offsets: list, timestamps: list, keys: list,
+                        values: list) -> list[OutputRecord]:
+        out = self.operator.process_columns(topic, self.partition, offsets, timestamps, keys, values)
+        if self.metrics is not None:
+            self._update_metrics()
+        return out
+
     def _update_metrics(self) -> None:
         m, c, labels = self.metrics, self.operator.counters, self._labels
         for name, counter in (("events", m.events), ("dead_letters", m.dead_letters)):

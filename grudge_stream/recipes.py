@@ -5,6 +5,7 @@ key's *debt*: ``Linear(rate_per_s)`` decay refills it, ``lo=0`` is a full
 bucket (so a fresh key starts full), and a request of ``cost`` is admitted iff
 ``debt + cost <= burst`` — one atomic ``try_update``. See docs/recipes.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,9 @@ def _positive(value: Any, what: str, *, allow_zero: bool = False, allow_inf: boo
         raise ConfigError(f"{what} must be a number, not {type(value).__name__}")
     v = float(value)
     if math.isnan(v) or (math.isinf(v) and not allow_inf) or v < 0 or (v == 0 and not allow_zero):
-        raise ConfigError(f"{what} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
+        raise ConfigError(
+            f"{what} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}"
+        )
     return v
 
 
@@ -102,11 +105,15 @@ class TokenBucket:
         )
 
     @classmethod
-    def from_sketch(cls, sketch: ScoreSketch, *, burst: float, reject_penalty: float = 0.0) -> "TokenBucket":
+    def from_sketch(
+        cls, sketch: ScoreSketch, *, burst: float, reject_penalty: float = 0.0
+    ) -> "TokenBucket":
         """Wrap a restored sketch (``ScoreSketch.from_bytes(bucket.sketch.to_bytes())``)."""
         cfg = sketch.config
         if not isinstance(cfg.decay, Linear) or cfg.lo != 0.0 or cfg.aggregator != "min":
-            raise ConfigError("a token bucket's sketch needs Linear decay, lo=0 and the min aggregator")
+            raise ConfigError(
+                "a token bucket's sketch needs Linear decay, lo=0 and the min aggregator"
+            )
         self = cls.__new__(cls)
         self.rate_per_s = cfg.decay.rate_per_s
         if self.rate_per_s <= 0:
@@ -126,7 +133,12 @@ class TokenBucket:
 
     def allow(self, key: Any, cost: float = 1.0, now_ms: Optional[int] = None) -> Decision:
         """Spend ``cost`` tokens of ``key``'s bucket at ``now_ms`` if it holds them."""
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+        if (
+            isinstance(cost, bool)
+            or not isinstance(cost, (int, float))
+            or not math.isfinite(cost)
+            or cost < 0
+        ):
             raise InvalidInputError(f"cost must be a finite number >= 0, got {cost!r}")
         allowed, retry, debt = self._sketch._bucket_allow(
             key, float(cost), self.burst, self.reject_penalty, now_ms
@@ -145,5 +157,7 @@ class TokenBucket:
         return self._sketch.memory_bytes()
 
     def __repr__(self) -> str:
-        return (f"TokenBucket(rate_per_s={self.rate_per_s!r}, burst={self.burst!r}, "
-                f"reject_penalty={self.reject_penalty!r}, max_debt={self.max_debt!r})")
+        return (
+            f"TokenBucket(rate_per_s={self.rate_per_s!r}, burst={self.burst!r}, "
+            f"reject_penalty={self.reject_penalty!r}, max_debt={self.max_debt!r})"
+        )

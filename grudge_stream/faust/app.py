@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 
+from grudge_stream._cyext._ingest import group_records
 from grudge_stream.checkpoint import CheckpointStore
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import SourceRecord
@@ -50,6 +51,62 @@ class CheckpointedConsumer(AIOKafkaConsumer):
         runtime = getattr(self.app, "grudge_runtime", None)
         if runtime is not None:
             await runtime.position_partitions(self)
+
+    def _filter_tps_with_pending_acks(self, topics=None):
+        # Commits follow snapshots, not acks: offer every partition with a snapshot offset.
+        runtime = getattr(self.app, "grudge_runtime", None)
+        tps = set(self._acked)
+        if runtime is not None:
+            tps.update(runtime.commit_limits)
+        return (tp for tp in tps if topics is None or tp in topics or tp.topic in topics)
+
+    async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - exercised via workers
+        runtime = getattr(self.app, "grudge_runtime", None)
+        if runtime is None or runtime.drain != "batch":
+            return await super()._drain_messages(fetcher)
+        await self._drain_batches(fetcher, runtime)
+
+    async def _drain_batches(self, fetcher, runtime: "FaustRuntime") -> None:
+        """The lean drain path: whole fetched batches go straight to the runtime.
+
+        Faust's own drain loop turns every record into a Message, an Event and about
+        four asyncio tasks (``wait_first(callback(message), ...)``) before an agent sees
+        it. Here one ``getmany`` result — up to thousands of records — is grouped by
+        partition and handed over in one call. What Faust provides around the loop is
+        kept: fetching only while flow is active (rebalances stop the flow and this
+        loop waits in ``_wait_next_records``), dropping a batch fetched across a
+        generation change, the read-offset bookkeeping ``seek`` relies on, and commits
+        (which this consumer bases on snapshots, not on acks).
+        """
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        source = runtime.topology.source_topic
+        set_read_offset = self._read_offset.__setitem__
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                generation_id = self.app.consumer_generation_id
+                records, active = await self._wait_next_records(1.0)
+                if not records or self.should_stop:
+                    continue
+                if not self.flow_active or self.app.consumer_generation_id != generation_id:
+                    continue  # a rebalance began: the next assignment re-positions everything
+                batch = {}
+                for tp, recs in records.items():
+                    if tp.topic != source or (active is not None and tp not in active):
+                        continue
+                    batch[tp.partition] = recs
+                    set_read_offset(tp, recs[-1].offset)
+                if batch:
+                    await runtime.handle_records(batch)
+                await asyncio.sleep(0)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
 
     def _filter_committable_offsets(self, tps):
         runtime = getattr(self.app, "grudge_runtime", None)
@@ -95,6 +152,9 @@ class FaustRuntime:
         self.partition_count: int | None = None
         self.last_checkpoint = time.monotonic()
         self.stopping = False
+        self.drain = settings.get("drain", "batch")
+        if self.drain not in ("batch", "agent"):
+            raise ValueError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
 
     # -- assignment -------------------------------------------------------------------------------
 
@@ -196,6 +256,20 @@ class FaustRuntime:
             if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
                 await self._checkpoint(list(self.slots))
 
+    async def handle_records(self, batch: dict[int, list]) -> None:
+        """Process fetched aiokafka records, grouped by partition (the batch drain path)."""
+        async with self.lock:
+            topic = self.topology.source_topic
+            for p, (offs, tss, keys, vals) in group_records(batch).items():
+                slot = self.slots.get(p)
+                if slot is None:
+                    continue
+                outputs = slot.process_columns(topic, offs, tss, keys, vals)
+                if outputs:
+                    self.publisher.publish(outputs)
+            if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
+                await self._checkpoint(list(self.slots))
+
     async def _checkpoint(self, partitions: list[int]) -> None:
         loop = asyncio.get_running_loop()
         for p in partitions:
@@ -260,7 +334,12 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         async for events in stream.take_events(batch, within):
             await runtime.handle(events)
 
-    app.agent(source, name=f"{topology.name}-operator")(process)
+    if runtime.drain == "agent":
+        app.agent(source, name=f"{topology.name}-operator")(process)
+    else:
+        # No agent: the consumer hands fetched batches to the runtime directly; the topic
+        # only needs to be part of the subscription.
+        app.topics.add(source)
     app.on_partitions_assigned.connect(runtime.on_assigned)
     app.on_partitions_revoked.connect(runtime.on_revoked)
     app.on_before_shutdown.connect(runtime.on_shutdown)

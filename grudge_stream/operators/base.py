@@ -113,6 +113,13 @@ class Operator(abc.ABC):
             self.next_offset = rec.offset + 1
         return out
 
+    def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
+                        keys: list, values: list) -> list[OutputRecord]:
+        """``process`` over one partition's records given as columns (what batch runtimes
+        read). Operators with a vectorized path override it; results are identical."""
+        return self.process([SourceRecord(topic, partition, o, t, k, v)
+                             for o, t, k, v in zip(offsets, timestamps, keys, values)])
+
     def _check_future(self, ev: Event, rec: SourceRecord) -> None:
         if self.max_future_ms is None:
             return

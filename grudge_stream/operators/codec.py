@@ -11,19 +11,20 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 # Timestamps outside [0, 2**53) ms are refused: they cannot be real event times and
 # would not survive a round trip through a float.
 MAX_TIMESTAMP_MS = 2**53 - 1
+CACHE_MAX_VALUE_BYTES = 256
+CACHE_MAX_ENTRIES = 65_536
 
 
 class BadRecord(Exception):
     """A record that must go to the dead-letter topic; ``str(exc)`` is the reason."""
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
     key: bytes
     ts_ms: int
     value: Any  # a float weight/delta/cost, or an outcome string before mapping
@@ -53,6 +54,9 @@ class EventCodec:
     allow_numbers: bool = True
     max_key_bytes: int = 0
     _outcome_map: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # value bytes -> decoded value (float) or BadRecord reason (str), for codecs whose result
+    # depends on the value bytes alone (key and time from the record): payloads repeat a lot.
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.encoding not in ("json", "raw"):
@@ -83,6 +87,20 @@ class EventCodec:
             return Event(self._check_key(k), self._check_ts(record_ts_ms, "record timestamp"), 1.0)
         if value is None:
             raise BadRecord("record has no value (tombstone)")
+        if self.key_field is None and self.time_field is None:
+            cached = self._cache.get(value)
+            if cached is None:
+                try:
+                    cached = self._decode_value(value)
+                except BadRecord as exc:
+                    cached = str(exc)
+                if len(value) <= CACHE_MAX_VALUE_BYTES and len(self._cache) < CACHE_MAX_ENTRIES:
+                    self._cache[value] = cached
+            if cached.__class__ is str:
+                raise BadRecord(cached)
+            if key is None:
+                raise BadRecord("record has no key")
+            return Event(self._check_key(key), self._check_ts(record_ts_ms, "record timestamp"), cached)
         try:
             obj = json.loads(value)
         except UnicodeDecodeError:
@@ -117,6 +135,30 @@ class EventCodec:
                 raise BadRecord(f"time field {self.time_field!r} is not finite")
             ts = self._check_ts(int(tv), f"time field {self.time_field!r}")
         return Event(self._check_key(k), ts, self._value(obj))
+
+    @property
+    def value_only(self) -> bool:
+        """True when a record's meaning depends on its value bytes alone (key and time come
+        from the record): such payloads are decoded once and cached, and batch paths apply."""
+        return self.encoding == "json" and self.key_field is None and self.time_field is None
+
+    def decode_value_or_reason(self, value: bytes):
+        """The decoded value (float), or the dead-letter reason (str)."""
+        try:
+            return self._decode_value(value)
+        except BadRecord as exc:
+            return str(exc)
+
+    def _decode_value(self, value: bytes) -> float:
+        try:
+            obj = json.loads(value)
+        except UnicodeDecodeError:
+            raise BadRecord("value is not UTF-8") from None
+        except ValueError as exc:
+            raise BadRecord(f"value is not JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise BadRecord(f"value must be a JSON object, got {type(obj).__name__}")
+        return self._value(obj)
 
     def _value(self, obj: dict) -> float:
         if self.value_field is None:

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from typing import Any
+
+import numpy as np
+
+from grudge_stream._cyext import _ingest
 
 from grudge_stream.exceptions import ConfigError, SnapshotError
 from grudge_stream.operators.alerts import AlertLatch, key_fields
 from grudge_stream.operators.base import Operator
-from grudge_stream.operators.codec import Event, EventCodec
+from grudge_stream.operators.codec import CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms
 
@@ -79,6 +84,97 @@ class FeedbackScoreOperator(Operator):
         if self.emit_scores == "every" or (self.emit_scores == "crossings" and state is not None):
             out.append(OutputRecord("scores", ev.key, _score_record(
                 self.operator_id, ev.key, score, now_ms, rec, state)))
+
+    # -- the batch path ----------------------------------------------------------------------
+
+    def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
+                        keys: list, values: list) -> list[OutputRecord]:
+        """``process`` over one partition's records given as columns; identical results.
+
+        The per-record work is a cached payload lookup (Cython), the sketch update is one
+        nogil batch call per sweep segment, and only events that can change an alert latch
+        (a score at ``raise_at`` or above, or a key already raised) are looked at in Python.
+        """
+        if not self.codec.value_only or self.emit_scores == "every":
+            return self.process([SourceRecord(topic, partition, o, t, k, v)
+                                 for o, t, k, v in zip(offsets, timestamps, keys, values)])
+        if partition != self.partition or topic != self.source_topic:
+            raise ValueError(f"operator for {self.source_topic}[{self.partition}] got {topic}[{partition}]")
+        if not offsets:
+            return []
+        start = 0 if self.next_offset is None else bisect_left(offsets, self.next_offset)
+        self.skipped += start
+        if start == len(offsets):
+            return []
+        codec = self.codec
+        idx, deltas, ts, bad = _ingest.decode_column(
+            keys, values, timestamps, start, codec._cache, codec.decode_value_or_reason,
+            codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES)
+        tagged: list[tuple[int, int, OutputRecord]] = []
+        for i, reason in bad:
+            rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
+            tagged.append((offsets[i], 0, self.dead_letter(rec, reason)))
+        n = len(idx)
+        if n:
+            now, weighted, late = _ingest.watermark_and_weights(ts, deltas, self.watermark, self._lam_per_ms)
+            self.watermark = int(now[-1])
+            self.counters["events"] += n
+            self.counters["late"] += late
+            ev_keys = [keys[i] for i in idx.tolist()]
+            hashes = self.sketch.key_hashes(ev_keys)
+            seq = [1]
+            pos = 0
+            interval = self.sweep_interval_ms
+            while pos < n:
+                # Exactly what apply() does before each event, at the first event of a segment;
+                # the segment then runs up to the next sweep time (``now`` never decreases).
+                t = int(now[pos])
+                if self._next_sweep is None:
+                    self._next_sweep = (t // interval + 1) * interval
+                elif t >= self._next_sweep:
+                    i = int(idx[pos])
+                    rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
+                    sweep_out: list[OutputRecord] = []
+                    self._sweep(t, rec, sweep_out)
+                    for o in sweep_out:
+                        seq[0] += 1
+                        tagged.append((offsets[i], seq[0], o))
+                    self._next_sweep = (t // interval + 1) * interval
+                end = int(np.searchsorted(now, self._next_sweep, side="left"))
+                self._apply_segment(pos, end, idx, hashes, weighted, now, ev_keys, topic, partition,
+                                    offsets, timestamps, keys, values, tagged, seq)
+                pos = end
+        self.next_offset = offsets[-1] + 1
+        tagged.sort(key=lambda x: (x[0], x[1]))
+        return [o for _, _, o in tagged]
+
+    def _apply_segment(self, a: int, b: int, idx, hashes, weighted, now, ev_keys, topic, partition,
+                       offsets, timestamps, keys, values, tagged, seq) -> None:
+        scores = self.sketch.update_and_query_many(hashes[a:b], weighted[a:b], now_ms=now[a:b])
+        latch = self.latch
+        high = scores >= latch.raise_at
+        hot = hashes[a:b][high]
+        if len(latch):
+            latched = self.sketch.key_hashes(list(latch.keys()))
+            hot = np.concatenate((hot, latched))
+        cand = np.flatnonzero(high | np.isin(hashes[a:b], hot)) if len(hot) else np.flatnonzero(high)
+        for j in cand.tolist():
+            e = a + j
+            key = ev_keys[e]
+            score = float(scores[j])
+            state = latch.observe(key, score)
+            if state is None:
+                continue
+            i = int(idx[e])
+            rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
+            out: list[OutputRecord] = []
+            self._alert(key, state, score, int(now[e]), rec, out)
+            if self.emit_scores == "crossings":
+                out.append(OutputRecord("scores", key, _score_record(
+                    self.operator_id, key, score, int(now[e]), rec, state)))
+            for o in out:
+                seq[0] += 1
+                tagged.append((offsets[i], seq[0], o))
 
     def _sweep(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
         sketch = self.sketch

@@ -1,4 +1,5 @@
 """Public sketch API: config objects, sizing helpers and the compiled sketch classes."""
+
 from __future__ import annotations
 
 from grudge_stream.sketches.bloom import ForgettingBloom

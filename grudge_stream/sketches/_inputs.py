@@ -3,6 +3,7 @@
 Everything here runs once per batch, before a kernel touches any cell, so a
 bad argument raises with the sketch unchanged.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,8 @@ def prepare_keys(keys: Any, seed: int, algorithm: str) -> tuple[np.ndarray | Non
             if arr.dtype.itemsize != 8:
                 raise TypeError(
                     f"pre-hashed keys must be uint64 (or int64) values, got {arr.dtype}; "
-                    "hash keys with grudge_stream.hashing.hash64_many or pass them as bytes")
+                    "hash keys with grudge_stream.hashing.hash64_many or pass them as bytes"
+                )
             return np.ascontiguousarray(arr).view(np.uint64), None, PREHASHED
         if arr.dtype == np.uint8 and arr.ndim == 2:
             rows = np.ascontiguousarray(arr)
@@ -73,7 +75,8 @@ def count_value(count: Any, what: str = "count") -> int:
         v = int(count.__index__())  # type: ignore[union-attr]
     except (AttributeError, TypeError):
         raise InvalidInputError(
-            f"{what} must be a non-negative integer, not {type(count).__name__}") from None
+            f"{what} must be a non-negative integer, not {type(count).__name__}"
+        ) from None
     if v < 0:
         raise InvalidInputError(f"{what} must be non-negative, got {v}")
     return v
@@ -84,10 +87,14 @@ def prepare_counts(counts: Any, n: int) -> tuple[int, np.ndarray | None]:
     if counts is None:
         return 1, None
     if np.ndim(counts) == 0 and not isinstance(counts, (list, tuple)):
-        return min(count_value(counts.item() if isinstance(counts, np.ndarray) else counts), U64_MAX), None
+        return min(
+            count_value(counts.item() if isinstance(counts, np.ndarray) else counts), U64_MAX
+        ), None
     arr = np.asarray(counts)
     if arr.ndim != 1 or arr.shape[0] != n:
-        raise InvalidInputError(f"counts must be a scalar or a 1-D array of length {n}, got shape {arr.shape}")
+        raise InvalidInputError(
+            f"counts must be a scalar or a 1-D array of length {n}, got shape {arr.shape}"
+        )
     kind = arr.dtype.kind
     if kind == "u":
         return 0, np.ascontiguousarray(arr, dtype=np.uint64)
@@ -125,7 +132,9 @@ def prepare_times(now_ms: Any, n: int) -> tuple[int | None, np.ndarray | None]:
         return time_value(now_ms.item() if isinstance(now_ms, np.ndarray) else now_ms), None
     arr = np.asarray(now_ms)
     if arr.ndim != 1 or arr.shape[0] != n:
-        raise InvalidInputError(f"now_ms must be a scalar or a 1-D array of length {n}, got shape {arr.shape}")
+        raise InvalidInputError(
+            f"now_ms must be a scalar or a 1-D array of length {n}, got shape {arr.shape}"
+        )
     kind = arr.dtype.kind
     if kind == "i":
         return None, np.ascontiguousarray(arr, dtype=np.int64)
@@ -136,7 +145,7 @@ def prepare_times(now_ms: Any, n: int) -> tuple[int | None, np.ndarray | None]:
     if kind == "f":
         if n and not np.isfinite(arr).all():
             raise InvalidInputError("now_ms must be finite (found NaN or Inf)")
-        if n and (arr.min() < I64_MIN or arr.max() >= 2.0 ** 63):
+        if n and (arr.min() < I64_MIN or arr.max() >= 2.0**63):
             raise InvalidInputError("now_ms values must fit in a signed 64-bit integer")
         return None, np.trunc(arr).astype(np.int64)
     if kind == "O":

@@ -1,4 +1,5 @@
 """Shared argument checks for sketch configs (private)."""
+
 from __future__ import annotations
 
 import operator

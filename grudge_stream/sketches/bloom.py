@@ -4,6 +4,7 @@ The kernel (``grudge_stream._cyext._bloom``) is the public class; this module
 holds its frozen config object and the sizing rule. See
 ``docs/forgetting-bloom.md`` for the design, error direction and byte format.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,10 +72,13 @@ def bloom_sizing(capacity: int, fp_rate: float, generations: int = 2) -> BloomSi
     if m > MAX_POSITIONS:
         raise ConfigError(
             f"capacity={n} at fp_rate={p} needs {m} positions per generation; the index "
-            f"space is 2**32 - 1. Use a higher fp_rate or split the key space.")
+            f"space is 2**32 - 1. Use a higher fp_rate or split the key space."
+        )
     k = max(1, round(m / n * _LN2))
     if k > MAX_HASHES:
-        raise ConfigError(f"fp_rate={p} needs {k} hashes per key; at most {MAX_HASHES} are supported")
+        raise ConfigError(
+            f"fp_rate={p} needs {k} hashes per key; at most {MAX_HASHES} are supported"
+        )
     words = m // per_word
     return BloomSizing(f, m, k, group_bits, words, 8 * words)
 
@@ -92,7 +96,11 @@ class BloomConfig:
 
     def __post_init__(self) -> None:
         sizing = bloom_sizing(self.capacity, self.fp_rate, self.generations)
-        period = None if self.period_ms is None else in_range(self.period_ms, "period_ms", 1, (1 << 63) - 1)
+        period = (
+            None
+            if self.period_ms is None
+            else in_range(self.period_ms, "period_ms", 1, (1 << 63) - 1)
+        )
         object.__setattr__(self, "capacity", as_int(self.capacity, "capacity"))
         object.__setattr__(self, "fp_rate", float(self.fp_rate))
         object.__setattr__(self, "generations", as_int(self.generations, "generations"))

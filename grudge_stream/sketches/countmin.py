@@ -4,6 +4,7 @@ The kernel (``grudge_stream._cyext._countmin``) is the public class; this
 module holds its frozen config object and sizing helpers. See
 ``docs/count-min.md`` for the design, guarantees and byte format.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,16 +61,27 @@ class CountMinConfig:
         depth = in_range(self.depth, "depth", 1, MAX_DEPTH)
         width = in_range(self.width, "width", 1, 0xFFFFFFFF)
         if depth * width > MAX_CELLS:
-            raise ConfigError(f"depth * width must be at most {MAX_CELLS} cells, got {depth * width}")
-        epoch_ms = None if self.epoch_ms is None else in_range(
-            self.epoch_ms, "epoch_ms", 1, (1 << 63) - 1)
-        counter_bits = in_range(self.counter_bits, "counter_bits", MIN_COUNTER_BITS, MAX_COUNTER_BITS)
+            raise ConfigError(
+                f"depth * width must be at most {MAX_CELLS} cells, got {depth * width}"
+            )
+        epoch_ms = (
+            None if self.epoch_ms is None else in_range(self.epoch_ms, "epoch_ms", 1, (1 << 63) - 1)
+        )
+        counter_bits = in_range(
+            self.counter_bits, "counter_bits", MIN_COUNTER_BITS, MAX_COUNTER_BITS
+        )
         seed = in_range(self.seed, "seed", 0, U64_MAX)
         hasher = check_hasher(self.hasher)
         top_k = in_range(self.top_k, "top_k", 0, MAX_TOP_K)
-        for name, value in (("depth", depth), ("width", width), ("epoch_ms", epoch_ms),
-                            ("counter_bits", counter_bits), ("seed", seed), ("hasher", hasher),
-                            ("top_k", top_k)):
+        for name, value in (
+            ("depth", depth),
+            ("width", width),
+            ("epoch_ms", epoch_ms),
+            ("counter_bits", counter_bits),
+            ("seed", seed),
+            ("hasher", hasher),
+            ("top_k", top_k),
+        ):
             object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict:
@@ -92,15 +104,17 @@ def countmin_dimensions(epsilon: float, delta: float) -> tuple[int, int]:
     width = math.ceil(math.e / epsilon)
     depth = max(1, math.ceil(math.log(1.0 / delta)))
     if depth > MAX_DEPTH or width > 0xFFFFFFFF:
-        raise ConfigError(f"(epsilon={epsilon}, delta={delta}) needs depth {depth} x width {width}, too large")
+        raise ConfigError(
+            f"(epsilon={epsilon}, delta={delta}) needs depth {depth} x width {width}, too large"
+        )
     return depth, width
 
 
 def countmin_memory_bytes(depth: int = 4, width: int = 65_536, top_k: int = 0) -> int:
     """Fixed memory of a sketch: ``4 * depth * width`` bytes of cells plus the top-k
-    candidate set (32 bytes per candidate slot and a 4-byte hash table entry per
-    slot, table size the next power of two >= 2 * top_k; the key objects themselves are
-    the caller's and are counted separately)."""
+    candidate set (32 bytes per candidate slot and a 12-byte hash table entry, the
+    table size being the next power of two >= 2 * top_k; the key objects themselves
+    are the caller's and are counted separately)."""
     depth = as_int(depth, "depth")
     width = as_int(width, "width")
     top_k = as_int(top_k, "top_k")
@@ -113,7 +127,7 @@ def _topk_bytes(top_k: int) -> int:
     table = 8
     while table < 2 * top_k:
         table <<= 1
-    return 32 * top_k + 4 * table
+    return 32 * top_k + 12 * table
 
 
 from grudge_stream._cyext._countmin import DecayingCountMin  # noqa: E402  (kernel needs the config above)

@@ -6,11 +6,11 @@ This module holds the public, frozen config objects (the decays
 re-exports the compiled :class:`ScoreSketch` and :class:`Rotator`.
 Semantics, error direction, sizing and the byte format: ``docs/score-sketch.md``.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
-import secrets
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -184,9 +184,12 @@ def _decay_from_dict(d: Any) -> Decay:
 
 
 def resolve_seed(seed: Optional[int]) -> int:
-    """``None`` draws a fresh 64-bit seed from the OS (reported by ``sketch.seed``)."""
+    """``None`` means seed 0: no randomness without a seed, as for every grudge-stream sketch.
+
+    Deployments whose keys an attacker chooses pass a secret seed (with ``hasher="siphash"``).
+    """
     if seed is None:
-        return secrets.randbits(64)
+        return 0
     s = _int(seed, "seed")
     if not 0 <= s < _U64:
         raise ConfigError(f"seed must be in [0, 2**64), got {s}")
@@ -229,7 +232,9 @@ class ScoreSketchConfig:
         if not lo < hi:
             raise ConfigError(f"need lo < hi, got lo={lo!r}, hi={hi!r}")
         if not lo <= 0.0 <= hi:
-            raise ConfigError(f"need lo <= 0 <= hi (scores decay toward 0), got lo={lo!r}, hi={hi!r}")
+            raise ConfigError(
+                f"need lo <= 0 <= hi (scores decay toward 0), got lo={lo!r}, hi={hi!r}"
+            )
         if (math.isinf(lo) or math.isinf(hi)) and isinstance(self.decay, NoDecay):
             raise ConfigError(
                 "an infinite bound (lo=-inf or hi=+inf) needs a decay other than NoDecay; "
@@ -242,8 +247,13 @@ class ScoreSketchConfig:
         seed = _int(self.seed, "seed")
         if not 0 <= seed < _U64:
             raise ConfigError(f"seed must be in [0, 2**64), got {seed}")
-        for name, value in (("levels", levels), ("cells_per_level", m), ("lo", lo), ("hi", hi),
-                            ("seed", seed)):
+        for name, value in (
+            ("levels", levels),
+            ("cells_per_level", m),
+            ("lo", lo),
+            ("hi", hi),
+            ("seed", seed),
+        ):
             object.__setattr__(self, name, value)
 
     def memory_bytes_of_cells(self) -> int:
@@ -266,7 +276,16 @@ class ScoreSketchConfig:
     def from_dict(cls, d: Any) -> "ScoreSketchConfig":
         if not isinstance(d, dict):
             raise ConfigError("config must be an object")
-        expected = {"levels", "cells_per_level", "decay", "lo", "hi", "aggregator", "hasher", "seed"}
+        expected = {
+            "levels",
+            "cells_per_level",
+            "decay",
+            "lo",
+            "hi",
+            "aggregator",
+            "hasher",
+            "seed",
+        }
         if set(d) != expected:
             raise ConfigError(f"config fields must be {sorted(expected)}, got {sorted(d)}")
         return cls(
@@ -308,15 +327,21 @@ class RotatorConfig:
         return self.sketch.seed
 
     def to_dict(self) -> dict:
-        return {"generations": self.generations, "period_ms": self.period_ms,
-                "sketch": self.sketch.to_dict()}
+        return {
+            "generations": self.generations,
+            "period_ms": self.period_ms,
+            "sketch": self.sketch.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: Any) -> "RotatorConfig":
         if not isinstance(d, dict) or set(d) != {"generations", "period_ms", "sketch"}:
             raise ConfigError("rotator config fields must be generations, period_ms, sketch")
-        return cls(generations=d["generations"], period_ms=d["period_ms"],
-                   sketch=ScoreSketchConfig.from_dict(d["sketch"]))
+        return cls(
+            generations=d["generations"],
+            period_ms=d["period_ms"],
+            sketch=ScoreSketchConfig.from_dict(d["sketch"]),
+        )
 
 
 # ---- sizing ---------------------------------------------------------------------
@@ -363,4 +388,3 @@ def suggest_levels(hot_keys: int, cells_per_level: int, target_p: float) -> int:
     while not p**level <= t:
         level += 1
     return level
-

@@ -4,6 +4,7 @@ format, the hashing, the sizing or the update rules shows up here as a diff.
 Regenerate deliberately with ``GRUDGE_REGEN_GOLDEN=1 pytest tests/golden`` and say
 why in the commit; old blobs must then still load or be refused with a clear error.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,27 +20,32 @@ REGEN = os.environ.get("GRUDGE_REGEN_GOLDEN") == "1"
 
 
 def _countmin() -> DecayingCountMin:
-    c = DecayingCountMin(depth=3, width=16, epoch_ms=1000, counter_bits=12, seed=42, hasher="murmur3",
-                         top_k=3)
+    c = DecayingCountMin(
+        depth=3, width=16, epoch_ms=1000, counter_bits=12, seed=42, hasher="murmur3", top_k=3
+    )
     c.increment(b"client-42", 100, now_ms=0)
     c.increment("caf\u00e9", 7, now_ms=500)
     c.increment_many([b"a", b"b", b"a"], counts=[3, 4, 5], now_ms=2_000)
     c.increment_many(np.array([0x0123456789ABCDEF], dtype=np.uint64), counts=9, now_ms=2_100)
-    c.increment(b"late", 2, now_ms=100)      # an old event: applied at the current epoch
+    c.increment(b"late", 2, now_ms=100)  # an old event: applied at the current epoch
     return c
 
 
 def _bloom() -> ForgettingBloom:
-    b = ForgettingBloom(capacity=12, fp_rate=0.05, generations=3, period_ms=1000, seed=42, hasher="siphash")
+    b = ForgettingBloom(
+        capacity=12, fp_rate=0.05, generations=3, period_ms=1000, seed=42, hasher="siphash"
+    )
     b.add_many([b"s-%d" % i for i in range(10)], now_ms=0)
     b.add_if_absent_many([b"s-1", b"n-1", b"n-2"], now_ms=1_200)
     for i in range(12):
-        b.add(b"cap-%d" % i, now_ms=1_300)     # reaches capacity: one more rotation
+        b.add(b"cap-%d" % i, now_ms=1_300)  # reaches capacity: one more rotation
     return b
 
 
-@pytest.mark.parametrize("name,build,cls", [("countmin_v1.bin", _countmin, DecayingCountMin),
-                                            ("bloom_v1.bin", _bloom, ForgettingBloom)])
+@pytest.mark.parametrize(
+    "name,build,cls",
+    [("countmin_v1.bin", _countmin, DecayingCountMin), ("bloom_v1.bin", _bloom, ForgettingBloom)],
+)
 def test_snapshot_is_pinned(name, build, cls) -> None:
     blob = build().to_bytes()
     path = DATA / name
@@ -54,7 +60,7 @@ def test_pinned_countmin_answers() -> None:
     assert c.epoch == 2 and c.config.epoch_ms == 1000
     assert c.query(b"client-42", now_ms=2_000) == 25
     assert c.query(b"a", now_ms=2_000) == 8
-    assert c.query("caf\u00e9", now_ms=500) == 7 >> 2      # a read at an older time reads epoch 2
+    assert c.query("caf\u00e9", now_ms=500) == 7 >> 2  # a read at an older time reads epoch 2
     assert c.query(b"late", now_ms=2_000) == 2
     assert c.query(b"b", now_ms=3_000) == 2
     assert c.top() == [(b"client-42", 25), (0x0123456789ABCDEF, 9), (b"a", 8)]

@@ -30,10 +30,17 @@ from grudge_stream.topics import ensure_topology_topics
 from grudge_stream.topology import Settings, load_topology
 
 
-def make_events(n: int, seed: int = 1, start_ms: int = 1_700_000_000_000, abusers: int = 8,
+def make_events(n: int, seed: int = 1, start_ms: int | None = None, abusers: int = 8,
                 users: int = 3000) -> list[tuple[bytes, bytes, int]]:
-    """(key, value, timestamp_ms) triples: a few abusive clients among many good ones."""
+    """(key, value, timestamp_ms) triples: a few abusive clients among many good ones.
+
+    Timestamps start ten minutes ago by default: the broker deletes segments whose records
+    are older than the topic's retention (7 days), so fixed historical timestamps would
+    make records vanish in the middle of a test.
+    """
     rnd = random.Random(seed)
+    if start_ms is None:
+        start_ms = (time.time_ns() // 1_000_000 - 600_000) // 1000 * 1000
     out = []
     t = start_ms
     for _ in range(n):
@@ -156,25 +163,31 @@ class Harness:
         finally:
             c.close()
 
-    def read_all(self, topic: str) -> list:
+    def read_all(self, topic: str, read_committed: bool = False) -> list:
+        """Every record of ``topic`` up to its current end (committed ones only if asked)."""
         ends = self.end_offsets(topic)
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"harness-{uuid.uuid4().hex[:6]}",
-                      "enable.auto.commit": False, "fetch.queue.backoff.ms": 1})
-        c.assign([TopicPartition(topic, p, 0) for p in range(self.partitions)])
+                      "enable.auto.commit": False, "fetch.queue.backoff.ms": 1,
+                      "isolation.level": "read_committed" if read_committed else "read_uncommitted"})
+        tps = [TopicPartition(topic, p, 0) for p in range(self.partitions) if ends[p] > 0]
         got: list = []
-        pos = {p: 0 for p in range(self.partitions)}
         deadline = time.monotonic() + 60
         try:
-            while any(pos[p] < ends[p] for p in pos):
-                assert time.monotonic() < deadline, f"timed out reading {topic}"
+            if not tps:
+                return got
+            c.assign(tps)
+            while True:
                 for m in c.consume(1000, timeout=0.5):
-                    if m.error():
-                        continue
-                    got.append(m)
-                    pos[m.partition()] = m.offset() + 1
+                    if not m.error():
+                        got.append(m)
+                # Positions move past transaction markers and aborted records too.
+                pos = {tp.partition: tp.offset for tp in c.position(
+                    [TopicPartition(topic, tp.partition) for tp in tps])}
+                if all(pos[p] >= ends[p] for p in pos):
+                    return got
+                assert time.monotonic() < deadline, f"timed out reading {topic}: {pos} / {ends}"
         finally:
             c.close()
-        return got
 
     def source_records(self) -> dict[int, list[SourceRecord]]:
         by_p: dict[int, list[SourceRecord]] = defaultdict(list)

@@ -55,18 +55,16 @@ def snapshot_high(h) -> int:
     return sum(h.end_offsets(h.topology.snapshot_topic).values())
 
 
-def test_kill_9_at_random_points_loses_and_duplicates_nothing(harness) -> None:
-    h = harness(partitions=4, snapshot_chunk_bytes=16384)
-    events = h.make_events(60_000, seed=11)
-    h.produce(events[:10_000])
-    feeder = h.produce_in_background(events[10_000:], seconds=25)
-    rnd = random.Random(3)
+def kill_nine_times(h, rnd: random.Random, kills: int = 6, **worker_settings):
+    """Start a worker and kill -9 it ``kills`` times (every other time right inside a snapshot
+    write); return the last, still running, worker and how many kills hit a write."""
     # Static membership: each restart takes the dead worker's place (same instance id, same
     # advertised web address) without waiting for its session to time out.
     port = free_port()
-    worker = h.start_worker(port, snapshot_chunk_delay_s=0.03, group_instance_id="crash-test")
+    settings = dict(snapshot_chunk_delay_s=0.03, group_instance_id="crash-test", **worker_settings)
+    worker = h.start_worker(port, **settings)
     mid_write = 0
-    for i in range(6):
+    for i in range(kills):
         if i % 2 == 1:
             # Kill right after a snapshot chunk lands: the manifest is not written yet.
             base = snapshot_high(h)
@@ -78,15 +76,46 @@ def test_kill_9_at_random_points_loses_and_duplicates_nothing(harness) -> None:
         else:
             time.sleep(rnd.uniform(1.0, 4.0))
             worker.kill9()
-        worker = h.start_worker(port, snapshot_chunk_delay_s=0.03, group_instance_id="crash-test")
+        worker = h.start_worker(port, **settings)
+    return worker, mid_write
+
+
+@pytest.mark.parametrize("runtime", ["faust", "batch"])
+def test_kill_9_at_random_points_loses_and_duplicates_nothing(harness, runtime: str) -> None:
+    h = harness(partitions=4, snapshot_chunk_bytes=16384, runtime=runtime)
+    events = h.make_events(60_000, seed=11)
+    h.produce(events[:10_000])
+    feeder = h.produce_in_background(events[10_000:], seconds=25)
+    worker, mid_write = kill_nine_times(h, random.Random(3))
     feeder.join(120)
     assert mid_write >= 1, "no kill landed inside a snapshot write"
     assert_matches_reference(h)
     assert worker.stop() == 0
 
 
-def test_two_workers_rebalance_to_the_same_state(harness) -> None:
-    h = harness(partitions=4)
+def test_exactly_once_outputs_survive_kill_9(harness) -> None:
+    h = harness(partitions=3, snapshot_chunk_bytes=16384, runtime="batch", exactly_once="true")
+    events = h.make_events(45_000, seed=16)
+    h.produce(events[:10_000])
+    feeder = h.produce_in_background(events[10_000:], seconds=20)
+    worker, _ = kill_nine_times(h, random.Random(4))
+    feeder.join(120)
+    ref = h.reference()
+    h.wait_caught_up()
+    assert worker.stop() == 0
+    state = h.final_state()
+    for p in range(h.partitions):
+        assert state[p] == ref[p]["sketch"]
+    seen = [json.loads(m.value())["alert_id"] for m in h.read_all(h.topology.outputs["alerts"],
+                                                                   read_committed=True)]
+    expected = set().union(*(r["alerts"] for r in ref.values()))
+    assert expected and len(seen) == len(set(seen)), "an alert was delivered twice"
+    assert set(seen) == expected
+
+
+@pytest.mark.parametrize("runtime,drain", [("faust", "batch"), ("faust", "agent"), ("batch", "batch")])
+def test_two_workers_rebalance_to_the_same_state(harness, runtime: str, drain: str) -> None:
+    h = harness(partitions=4, drain=drain, runtime=runtime)
     events = h.make_events(50_000, seed=12)
     feeder = h.produce_in_background(events, seconds=20)
     a = h.start_worker()
@@ -168,7 +197,8 @@ def test_corrupt_or_foreign_snapshots_are_refused_and_recovery_falls_back(harnes
                     fingerprint=fop.fingerprint, source_topic=h.topology.source_topic, partition_count=2)
     w = h.start_worker()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "replaying from the earliest retained offset" not in w.log():
+    wanted = ("checksum", "config fingerprint", "replaying from the earliest retained offset")
+    while time.monotonic() < deadline and not all(s in w.log() for s in wanted):
         time.sleep(0.5)
     log = w.log()
     assert "refusing snapshot generation" in log and "checksum" in log
@@ -189,7 +219,7 @@ def test_corrupt_or_foreign_snapshots_are_refused_and_recovery_falls_back(harnes
 def test_event_time_makes_processing_speed_irrelevant(harness) -> None:
     part = lambda i, key: (sum(key) % 2)  # noqa: E731
     fast = harness(partitions=2)
-    events = fast.make_events(20_000, seed=15)
+    events = fast.make_events(20_000, seed=15)  # the same timestamps for both runs
     fast.produce(events, partition_of=part)
     w = fast.start_worker()
     fast.wait_caught_up()

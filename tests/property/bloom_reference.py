@@ -4,6 +4,7 @@ Each generation is a plain ``set`` of bit positions (no interleaving, no
 popcount bookkeeping); rotation replaces the oldest set; murmur3 hashes come
 from the independent ``mmh3`` package.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
 """Make the pure-Python reference models in this folder importable (tests/ has no
 __init__.py and pytest runs with --import-mode=importlib)."""
+
 from __future__ import annotations
 
 import os

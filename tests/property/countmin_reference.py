@@ -5,6 +5,7 @@ cell keeps its full (unbounded) epoch stamp, so there is no modular comparison a
 no re-basing sweep, the top-k candidate set is a dict scanned for its minimum, and
 murmur3 hashes come from the independent ``mmh3`` package.
 """
+
 from __future__ import annotations
 
 import mmh3
@@ -13,14 +14,15 @@ from grudge_stream.hashing import hash64
 
 
 class CountMinReference:
-    def __init__(self, depth=4, width=64, epoch_ms=1000, counter_bits=8, seed=0,
-                 hasher="murmur3", top_k=0):
+    def __init__(
+        self, depth=4, width=64, epoch_ms=1000, counter_bits=8, seed=0, hasher="murmur3", top_k=0
+    ):
         self.depth, self.width, self.epoch_ms = depth, width, epoch_ms
         self.cbits, self.cmax = counter_bits, (1 << counter_bits) - 1
         self.seed, self.hasher, self.top_k = seed, hasher, top_k
-        self.cells: dict[tuple[int, int], tuple[int, int]] = {}   # (row, index) -> (stamp, count)
-        self.epoch = 0 if epoch_ms is None else None               # None: no event seen yet
-        self.cands: dict[int, list] = {}                           # hash -> [value, key]
+        self.cells: dict[tuple[int, int], tuple[int, int]] = {}  # (row, index) -> (stamp, count)
+        self.epoch = 0 if epoch_ms is None else None  # None: no event seen yet
+        self.cands: dict[int, list] = {}  # hash -> [value, key]
 
     # hashing -----------------------------------------------------------------
     def hash(self, key) -> int:
@@ -82,7 +84,9 @@ class CountMinReference:
             self.touch(h, est, key)
 
     def increment(self, key, count=1, now_ms=None):
-        self.increment_hash(self.hash(key), count, now_ms, bytes(key) if isinstance(key, bytearray) else key)
+        self.increment_hash(
+            self.hash(key), count, now_ms, bytes(key) if isinstance(key, bytearray) else key
+        )
 
     def query_hash(self, h: int, now_ms=None) -> int:
         q = self.read_epoch(now_ms)
@@ -95,18 +99,29 @@ class CountMinReference:
 
     # candidates ----------------------------------------------------------------
     def touch(self, h: int, est: int, key):
-        if est == 0:
+        """Admit (h, est) if it beats the smallest candidate; stored values are lower
+        bounds refreshed from the matrix only when a candidate is about to be evicted."""
+        if est == 0 or h in self.cands:
             return
-        full = len(self.cands) == self.top_k
-        if full:
-            mh = min(self.cands, key=lambda x: (self.cands[x][0], x))
-            if est <= self.cands[mh][0]:
-                return
-        if h in self.cands:
-            self.cands[h][0] = max(self.cands[h][0], est)
+        if len(self.cands) < self.top_k:
+            self.cands[h] = [est, key]
             return
-        if full:
-            del self.cands[mh]
+
+        def root():
+            return min(self.cands, key=lambda x: (self.cands[x][0], x))
+
+        r = root()
+        if est <= self.cands[r][0]:
+            return
+        while True:
+            cur = min(self.cell(row, i, self.epoch) for row, i in enumerate(self.indexes(r)))
+            if cur <= self.cands[r][0]:
+                break
+            self.cands[r][0] = cur
+            r = root()
+        if est <= self.cands[r][0]:
+            return
+        del self.cands[r]
         self.cands[h] = [est, key]
 
     def top(self, k=None, now_ms=None):
@@ -114,8 +129,11 @@ class CountMinReference:
         q = self.read_epoch(now_ms)
         rows = []
         for h, (_, key) in self.cands.items():
-            est = self.query_hash(h, None) if q is None else min(
-                self.cell(r, i, q) for r, i in enumerate(self.indexes(h)))
+            est = (
+                self.query_hash(h, None)
+                if q is None
+                else min(self.cell(r, i, q) for r, i in enumerate(self.indexes(h)))
+            )
             if est:
                 rows.append((-est, h, key))
         rows.sort(key=lambda r: (r[0], r[1]))

@@ -5,6 +5,7 @@ the kernel: every float operation is spelled out in the same order the spec
 gives, so kernel and reference must agree bit for bit. Slow and obvious on
 purpose; never import it from the package.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,8 +72,17 @@ class RefConfig:
     def of(cls, cfg) -> "RefConfig":
         d = cfg.decay.to_dict()
         param = d.get("lambda_per_s", d.get("rate_per_s", 0.0))
-        return cls(cfg.levels, cfg.cells_per_level, d["kind"], param, cfg.lo, cfg.hi,
-                   cfg.aggregator, cfg.hasher, cfg.seed)
+        return cls(
+            cfg.levels,
+            cfg.cells_per_level,
+            d["kind"],
+            param,
+            cfg.lo,
+            cfg.hi,
+            cfg.aggregator,
+            cfg.hasher,
+            cfg.seed,
+        )
 
 
 class RefTable:
@@ -103,7 +113,9 @@ class RefTable:
         idx = self.indexes(h)
         vals = []
         for i, j in enumerate(idx):
-            s = self.clamp(decay(self.cfg.decay_kind, self.cfg.param, self.score[i][j], self.last[i][j], now))
+            s = self.clamp(
+                decay(self.cfg.decay_kind, self.cfg.param, self.score[i][j], self.last[i][j], now)
+            )
             self.score[i][j] = s
             self._stamp(i, j, now)
             vals.append(s)
@@ -121,8 +133,10 @@ class RefTable:
 
     def try_write(self, h: int, now: int, delta: float, limit: float, penalty: float = 0.0) -> bool:
         idx = self.indexes(h)
-        decayed = [decay(self.cfg.decay_kind, self.cfg.param, self.score[i][j], self.last[i][j], now)
-                   for i, j in enumerate(idx)]
+        decayed = [
+            decay(self.cfg.decay_kind, self.cfg.param, self.score[i][j], self.last[i][j], now)
+            for i, j in enumerate(idx)
+        ]
         admit = aggregate(self.cfg.aggregator, decayed) + delta <= limit
         for (i, j), s in zip(enumerate(idx), decayed):
             if admit:
@@ -134,8 +148,10 @@ class RefTable:
         return admit
 
     def peek(self, h: int, at: int) -> float:
-        vals = [decay(self.cfg.decay_kind, self.cfg.param, self.score[i][j], self.last[i][j], at)
-                for i, j in enumerate(self.indexes(h))]
+        vals = [
+            decay(self.cfg.decay_kind, self.cfg.param, self.score[i][j], self.last[i][j], at)
+            for i, j in enumerate(self.indexes(h))
+        ]
         return aggregate(self.cfg.aggregator, vals)
 
     def merge_from(self, other: "RefTable") -> None:
@@ -149,8 +165,11 @@ class RefTable:
                 self.last[i][j] = t
 
     def cells(self) -> List[Tuple[float, int]]:
-        return [(self.score[i][j], self.last[i][j])
-                for i in range(self.cfg.levels) for j in range(self.cfg.cells_per_level)]
+        return [
+            (self.score[i][j], self.last[i][j])
+            for i in range(self.cfg.levels)
+            for j in range(self.cfg.cells_per_level)
+        ]
 
 
 class RefScoreSketch:
@@ -259,7 +278,9 @@ class RefRotator:
     def merge(self, other: "RefRotator") -> None:
         for a, b in zip(self.gens, other.gens):
             a.merge_from(b)
-        if other.watermark is not None and (self.watermark is None or other.watermark > self.watermark):
+        if other.watermark is not None and (
+            self.watermark is None or other.watermark > self.watermark
+        ):
             self.watermark = other.watermark
 
     def cells(self):

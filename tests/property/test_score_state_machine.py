@@ -5,6 +5,7 @@ shape, clamping, try_update, merge, snapshot and copy) is applied to both, and
 after every step all cells, outputs and clock state must agree bit for bit.
 Tiny tables force collisions; deltas include values that overflow and saturate.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,14 +19,23 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from score_reference import INT64_MIN, RefConfig, RefRotator, RefScoreSketch  # noqa: E402
+from score_reference import RefConfig, RefRotator, RefScoreSketch
 
-from grudge_stream import Exponential, Linear, NoDecay, Rotator, ScoreSketch  # noqa: E402
+from grudge_stream import Exponential, Linear, NoDecay, Rotator, ScoreSketch
 
 INF = math.inf
 KEYS = [b"", b"a", b"b", b"client-7", "gr\u00fc\u00dfe", b"\x00" * 40, b"k" * 17, bytearray(b"z")]
-DECAYS = [Exponential(0.0), Exponential(0.001), Exponential(0.7), Exponential(50.0), Linear(0.0),
-          Linear(0.5), Linear(30.0), Linear(1e6), NoDecay()]
+DECAYS = [
+    Exponential(0.0),
+    Exponential(0.001),
+    Exponential(0.7),
+    Exponential(50.0),
+    Linear(0.0),
+    Linear(0.5),
+    Linear(30.0),
+    Linear(1e6),
+    NoDecay(),
+]
 FINITE_BOUNDS = [(0.0, 1.0), (-1.0, 1.0), (-2.5, 0.5), (0.0, 1e300), (-0.0, 3.0), (-1e-3, 0.0)]
 INFINITE_BOUNDS = [(0.0, INF), (-INF, INF), (-INF, 0.0), (-1.0, INF)]
 
@@ -33,7 +43,9 @@ deltas = st.one_of(
     st.floats(-3.0, 3.0, allow_nan=False),
     st.sampled_from([0.0, -0.0, 1.0, 0.25, 1e308, -1e308, 5e-324, 1.7976931348623157e308, -2.0]),
 )
-limits = st.one_of(st.floats(-4.0, 4.0, allow_nan=False), st.sampled_from([0.0, 1.0, 1e308, -1e308]))
+limits = st.one_of(
+    st.floats(-4.0, 4.0, allow_nan=False), st.sampled_from([0.0, 1.0, 1e308, -1e308])
+)
 steps = st.one_of(st.just(0), st.integers(0, 2_000), st.integers(-3_000, -1), st.integers(0, 10**9))
 keys = st.sampled_from(KEYS)
 
@@ -72,7 +84,7 @@ def assert_cells(actual: np.ndarray, expected) -> None:
 
 
 class ScoreSketchMachine(RuleBasedStateMachine):
-    @initialize(cfg=sketch_configs(), start=st.integers(-10**6, 2 * 10**12))
+    @initialize(cfg=sketch_configs(), start=st.integers(-(10**6), 2 * 10**12))
     def build(self, cfg, start):
         self.kwargs = cfg
         self.sk = ScoreSketch(**cfg)
@@ -95,7 +107,9 @@ class ScoreSketchMachine(RuleBasedStateMachine):
 
     @rule(key=keys)
     def query(self, key):
-        assert same(self.sk.query(key, now_ms=self.now), self.ref.query(self.ref.hash(key), self.now))
+        assert same(
+            self.sk.query(key, now_ms=self.now), self.ref.query(self.ref.hash(key), self.now)
+        )
 
     @rule(key=keys)
     def query_detailed(self, key):
@@ -190,7 +204,7 @@ def rotator_configs(draw):
 
 
 class RotatorMachine(RuleBasedStateMachine):
-    @initialize(cfg=rotator_configs(), start=st.integers(-10**5, 10**7))
+    @initialize(cfg=rotator_configs(), start=st.integers(-(10**5), 10**7))
     def build(self, cfg, start):
         self.kwargs = cfg
         self.r = Rotator(**cfg)
@@ -214,7 +228,9 @@ class RotatorMachine(RuleBasedStateMachine):
 
     @rule(key=keys)
     def query(self, key):
-        assert same(self.r.query(key, now_ms=self.now), self.ref.query(self.ref.hash(key), self.now))
+        assert same(
+            self.r.query(key, now_ms=self.now), self.ref.query(self.ref.hash(key), self.now)
+        )
 
     @rule(key=keys)
     def query_detailed(self, key):
@@ -253,13 +269,17 @@ class RotatorMachine(RuleBasedStateMachine):
                 self.ref.update(h, d, tt)
         elif op == "query":
             got = self.r.query_many(keys_arg, now_ms=np.array(times, dtype=np.int64))
-            assert [bits(x) for x in got] == [bits(self.ref.query(h, tt)) for h, tt in zip(hs, times)]
+            assert [bits(x) for x in got] == [
+                bits(self.ref.query(h, tt)) for h, tt in zip(hs, times)
+            ]
         elif op == "update_and_query":
             got = self.r.update_and_query_many(keys_arg, np.array(ds), now_ms=np.array(times))
             want = [self.ref.update(h, d, tt) for h, d, tt in zip(hs, ds, times)]
             assert [bits(x) for x in got] == [bits(x) for x in want]
         else:
-            got = self.r.try_update_many(keys_arg, np.array(ds), np.array(ls), now_ms=np.array(times))
+            got = self.r.try_update_many(
+                keys_arg, np.array(ds), np.array(ls), now_ms=np.array(times)
+            )
             want = [self.ref.try_update(h, d, lim, tt) for h, d, lim, tt in zip(hs, ds, ls, times)]
             assert got.tolist() == want
         if times:
@@ -306,8 +326,12 @@ class RotatorMachine(RuleBasedStateMachine):
         assert self.r.watermark_ms == self.ref.watermark
 
 
-_settings = settings(max_examples=300, stateful_step_count=50, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_settings = settings(
+    max_examples=300,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 TestScoreSketchMachine = ScoreSketchMachine.TestCase
 TestScoreSketchMachine.settings = _settings
 TestRotatorMachine = RotatorMachine.TestCase

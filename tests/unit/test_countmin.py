@@ -1,5 +1,6 @@
 """DecayingCountMin: halving, saturation, weights, validation, the four CL-TDS
 regressions, snapshots, merge, and statistical guarantees on fixed seeds."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +12,22 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from grudge_stream import (ConfigError, DecayingCountMin, EventClock, InvalidInputError, ManualClock,
-                           MismatchError, SnapshotError)
+from grudge_stream import (
+    ConfigError,
+    DecayingCountMin,
+    EventClock,
+    InvalidInputError,
+    ManualClock,
+    MismatchError,
+    SnapshotError,
+)
 from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
 from grudge_stream.hashing import hash64, hash64_many
-from grudge_stream.sketches.countmin import CountMinConfig, countmin_dimensions, countmin_memory_bytes
+from grudge_stream.sketches.countmin import (
+    CountMinConfig,
+    countmin_dimensions,
+    countmin_memory_bytes,
+)
 
 K = b"10.0.0.1"
 
@@ -27,6 +39,7 @@ def small(**kw) -> DecayingCountMin:
 
 
 # ---------------------------------------------------------------- config and API
+
 
 def test_spec_example_and_defaults() -> None:
     c = DecayingCountMin(depth=4, width=65_536, epoch_ms=1_000, seed=7, top_k=100)
@@ -47,10 +60,23 @@ def test_config_is_frozen_and_validated() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.config.depth = 3  # type: ignore[misc]
     assert c.seed == 5
-    for bad in (dict(depth=0), dict(depth=33), dict(width=0), dict(width=2**32), dict(epoch_ms=0),
-                dict(epoch_ms=-5), dict(counter_bits=3), dict(counter_bits=28), dict(seed=-1),
-                dict(seed=2**64), dict(hasher="md5"), dict(top_k=-1), dict(depth=True),
-                dict(width=1.5), dict(epoch_ms=2.0)):
+    for bad in (
+        dict(depth=0),
+        dict(depth=33),
+        dict(width=0),
+        dict(width=2**32),
+        dict(epoch_ms=0),
+        dict(epoch_ms=-5),
+        dict(counter_bits=3),
+        dict(counter_bits=28),
+        dict(seed=-1),
+        dict(seed=2**64),
+        dict(hasher="md5"),
+        dict(top_k=-1),
+        dict(depth=True),
+        dict(width=1.5),
+        dict(epoch_ms=2.0),
+    ):
         with pytest.raises(ConfigError):
             DecayingCountMin(**bad)
     with pytest.raises(TypeError):
@@ -68,6 +94,7 @@ def test_sizing_helpers() -> None:
 
 # ---------------------------------------------------------------- decay
 
+
 def test_exact_halving_per_epoch() -> None:
     c = DecayingCountMin(epoch_ms=1000, seed=1)
     c.increment(K, 1_000_000, now_ms=0)
@@ -81,7 +108,7 @@ def test_exact_halving_per_epoch() -> None:
 
 def test_manual_epochs_tick() -> None:
     c = DecayingCountMin(epoch_ms=None, seed=1)
-    c.increment(K, 64, now_ms=123_456_789)     # now_ms is validated, then ignored
+    c.increment(K, 64, now_ms=123_456_789)  # now_ms is validated, then ignored
     assert c.epoch == 0
     assert c.tick() == 1
     assert c.query(K) == 32
@@ -130,12 +157,12 @@ def test_weights_and_count_validation() -> None:
     with pytest.raises(ValueError):
         c.increment_many([K, b"b"], counts=np.array([True, False]))
     with pytest.raises(TypeError):
-        c.increment_many([K, b"b", 7])               # bad key after good ones
+        c.increment_many([K, b"b", 7])  # bad key after good ones
     with pytest.raises(TypeError):
         c.increment(12)
     with pytest.raises(ValueError):
         c.increment(K, 1, now_ms=float("nan"))
-    assert c.to_bytes() == before                    # nothing was touched
+    assert c.to_bytes() == before  # nothing was touched
     c.increment_many([K, b"b"], counts=np.array([4, 6], dtype=np.int32))
     c.increment_many([K], counts=2)
     assert c.query(K) == 16 and c.query(b"b") == 6
@@ -153,10 +180,11 @@ def test_event_time_from_clock() -> None:
     d.increment(K, 8)
     ev.observe(1_100)
     assert d.query(K) == 4
-    assert d.query(K, now_ms=0) == 8          # reads never go before the sketch's epoch
+    assert d.query(K, now_ms=0) == 8  # reads never go before the sketch's epoch
 
 
 # ---------------------------------------------------------------- CL-TDS regressions
+
 
 @pytest.mark.parametrize("bits", [24, 8, 27, 4])
 @pytest.mark.parametrize("background", [False, True])
@@ -164,8 +192,17 @@ def test_a_long_idle_key_does_not_resurrect(bits: int, background: bool) -> None
     """(a) a key idle for 256-279 epochs (and any other gap >= counter width, up to
     2**20 and beyond) reads 0 - with other keys keeping the sketch busy or not."""
     stamp_bits = 32 - bits
-    gaps = list(range(256, 280)) + [bits, bits + 1, 2**stamp_bits - 1, 2**stamp_bits,
-                                     2**stamp_bits + 1, 2**stamp_bits + bits - 1, 2**20, 2**20 + 5, 2**33]
+    gaps = list(range(256, 280)) + [
+        bits,
+        bits + 1,
+        2**stamp_bits - 1,
+        2**stamp_bits,
+        2**stamp_bits + 1,
+        2**stamp_bits + bits - 1,
+        2**20,
+        2**20 + 5,
+        2**33,
+    ]
     for gap in gaps:
         c = DecayingCountMin(depth=4, width=1024, epoch_ms=10, counter_bits=bits, seed=11)
         c.increment(K, (1 << bits) - 1, now_ms=0)
@@ -193,9 +230,9 @@ def test_b_an_older_epoch_does_not_wipe() -> None:
     """(b) an operation carrying an epoch older than a cell's stamp keeps the cell."""
     c = DecayingCountMin(epoch_ms=1000, seed=4)
     c.increment(K, 40, now_ms=300_000)
-    c.increment(K, 1, now_ms=1_000)            # 299 epochs late
+    c.increment(K, 1, now_ms=1_000)  # 299 epochs late
     assert c.query(K, now_ms=300_000) == 41
-    assert c.query(K, now_ms=0) == 41         # a read at an older time reads the current epoch
+    assert c.query(K, now_ms=0) == 41  # a read at an older time reads the current epoch
     assert c.epoch == 300
     c.increment_many([K, K, K], now_ms=np.array([301_000, 5_000, 300_500]))
     assert c.query(K, now_ms=301_000) == 20 + 3
@@ -231,6 +268,7 @@ def test_d_restoring_keeps_epoch_mode_and_interval() -> None:
 
 
 # ---------------------------------------------------------------- snapshots
+
 
 def test_round_trip_is_bit_identical() -> None:
     c = small(top_k=3)
@@ -279,12 +317,12 @@ def test_invariants_are_checked_behind_a_valid_checksum() -> None:
     cells = np.frombuffer(bytes(body[:64]), dtype="<u4").copy()
     nz = int(np.flatnonzero(cells)[0])
     ahead = cells.copy()
-    ahead[nz] = (((5 + 1) & 0xFFFFFF) << 8) | 3                # stamped one epoch ahead
+    ahead[nz] = (((5 + 1) & 0xFFFFFF) << 8) | 3  # stamped one epoch ahead
     cases = [
         _forge(c, payload=ahead.tobytes() + bytes(body[64:])),
-        _forge(c, {"epoch": 6}),                                 # candidates above their estimates
-        _forge(c, {"base_epoch": 6}),                            # base after epoch
-        _forge(c, {"epoch": 5 + 300, "base_epoch": 5}),          # span wider than the stamp field
+        _forge(c, {"epoch": 6}),  # candidates above their estimates
+        _forge(c, {"base_epoch": 6}),  # base after epoch
+        _forge(c, {"epoch": 5 + 300, "base_epoch": 5}),  # span wider than the stamp field
         _forge(c, {"epoch": None}),
         _forge(c, {"epoch": True}),
         _forge(c, {"width": 16}),
@@ -311,29 +349,47 @@ def test_invariants_are_checked_behind_a_valid_checksum() -> None:
             DecayingCountMin.from_bytes(blob)
     with pytest.raises(SnapshotError, match="not a DecayingCountMin"):
         from grudge_stream import ForgettingBloom
+
         DecayingCountMin.from_bytes(ForgettingBloom(capacity=10, fp_rate=0.1).to_bytes())
 
 
 def test_header_is_readable_json() -> None:
     c = DecayingCountMin(epoch_ms=None, seed=3)
     header, _ = unpack(c.to_bytes(), KIND_COUNT_MIN)
-    assert header == {"depth": 4, "width": 65536, "epoch_ms": None, "counter_bits": 24, "seed": 3,
-                      "hasher": "murmur3", "top_k": 0, "epoch": 0, "base_epoch": 0}
+    assert header == {
+        "depth": 4,
+        "width": 65536,
+        "epoch_ms": None,
+        "counter_bits": 24,
+        "seed": 3,
+        "hasher": "murmur3",
+        "top_k": 0,
+        "epoch": 0,
+        "base_epoch": 0,
+    }
     json.dumps(header)
 
 
 def test_not_picklable() -> None:
     import pickle
+
     with pytest.raises(TypeError):
         pickle.dumps(DecayingCountMin(width=8))
 
 
 # ---------------------------------------------------------------- merge
 
+
 def test_merge_requires_identical_config() -> None:
     a = small()
-    for other in (small(seed=4), small(width=16), small(epoch_ms=None), small(hasher="siphash"),
-                  small(top_k=3), small(counter_bits=9)):
+    for other in (
+        small(seed=4),
+        small(width=16),
+        small(epoch_ms=None),
+        small(hasher="siphash"),
+        small(top_k=3),
+        small(counter_bits=9),
+    ):
         with pytest.raises(MismatchError):
             a.merge(other)
     with pytest.raises(TypeError):
@@ -360,6 +416,7 @@ def test_merge_aligns_epochs_then_adds() -> None:
 
 # ---------------------------------------------------------------- top-k
 
+
 def test_top_api() -> None:
     c = DecayingCountMin(epoch_ms=None, top_k=3, seed=1)
     with pytest.raises(ConfigError):
@@ -385,10 +442,10 @@ def test_top_follows_what_is_hot_now() -> None:
     c.increment(b"old", 100_000, now_ms=0)
     c.increment(b"mid", 10, now_ms=0)
     for t in range(10_000, 10_010):
-        c.increment(b"new", 50, now_ms=t)     # evicts "mid", decayed to 0
+        c.increment(b"new", 50, now_ms=t)  # evicts "mid", decayed to 0
     assert c.top() == [(b"new", 500), (b"old", 97)]
     assert c.top(now_ms=12_000) == [(b"new", 125), (b"old", 24)]
-    assert c.top(now_ms=5_000) == c.top()     # never before the sketch's epoch
+    assert c.top(now_ms=5_000) == c.top()  # never before the sketch's epoch
 
 
 def _zipf_stream(n_events: int, n_keys: int, s: float, seed: int) -> np.ndarray:
@@ -443,14 +500,14 @@ def test_heavy_hitters_recall_and_precision() -> None:
     keys = [b"%016d" % i for i in range(n_keys + 10)]
     c = DecayingCountMin(depth=4, width=8192, epoch_ms=None, top_k=64, seed=2)
     for lo in range(0, stream.size, 50_000):
-        c.increment_many([keys[i] for i in stream[lo:lo + 50_000]])
+        c.increment_many([keys[i] for i in stream[lo : lo + 50_000]])
     exact = Counter(stream.tolist())
     true_top = {keys[k] for k, _ in exact.most_common(20)}
     got = [k for k, _ in c.top(20)]
     assert {keys[i] for i in planted} <= set(got)
-    assert len(true_top & set(got)) / 20 >= 0.9          # recall == precision at equal sizes
+    assert len(true_top & set(got)) / 20 >= 0.9  # recall == precision at equal sizes
     for k, v in c.top(20):
-        assert v >= exact[keys.index(k)]                    # estimates are upper bounds
+        assert v >= exact[keys.index(k)]  # estimates are upper bounds
 
 
 def test_batch_forms_agree() -> None:
@@ -471,3 +528,31 @@ def test_batch_forms_agree() -> None:
         a.increment_many(np.zeros(3, dtype=np.int32))
     assert a.query_many([]).tolist() == []
     a.increment_many([])
+
+
+def test_extreme_timestamps() -> None:
+    lo, hi = -(2**63), 2**63 - 1
+    for epoch_ms in (1, 1000, 2**62):
+        c = DecayingCountMin(epoch_ms=epoch_ms, width=64, top_k=2)
+        c.increment(K, 5, now_ms=lo)
+        assert c.query(K, now_ms=lo) == 5
+        c.increment_many([K], now_ms=np.array([hi]))
+        assert c.query(K, now_ms=hi) == 1  # 5 halved away (3 or more epochs), plus 1
+        assert DecayingCountMin.from_bytes(c.to_bytes()).to_bytes() == c.to_bytes()
+    with pytest.raises(ValueError):
+        DecayingCountMin().increment(K, now_ms=2**63)
+    with pytest.raises(ValueError):
+        DecayingCountMin().increment_many([K], now_ms=np.array([2**63], dtype=np.uint64))
+
+
+def test_query_many_into_out() -> None:
+    c = DecayingCountMin(epoch_ms=None)
+    c.increment_many([b"a", b"a", b"b"])
+    out = np.full(3, -1, dtype=np.int64)
+    assert c.query_many([b"a", b"b", b"c"], out=out) is out
+    assert out.tolist() == [2, 1, 0]
+    for bad in (np.zeros(2, dtype=np.int64), np.zeros(3, dtype=np.int32), [0, 0, 0]):
+        with pytest.raises(ValueError):
+            c.query_many([b"a", b"b", b"c"], out=bad)
+    with pytest.raises(ValueError):
+        c.query_many([b"a", b"b", b"c"], out=np.zeros(3, dtype=np.int64)[::-1].copy()[:2])

@@ -246,3 +246,68 @@ def test_dedup_operator_forwards_first_sightings_only() -> None:
     assert [o.key for o in fwd] == [f"id-{i}".encode() for i in range(700)]
     assert fwd[3].value == b"payload-3"
     assert op.counters["duplicates"] == 1300
+
+
+def test_rate_limit_operator_decides_every_request_with_exact_retry_after() -> None:
+    from grudge_stream.operators.ratelimit import RateLimitOperator
+
+    op = RateLimitOperator(operator_id="rl", source_topic=TOPIC, partition=0, rate_per_s=10.0, burst=5.0,
+                           cells_per_level=1000, seed=1)
+    recs = [SourceRecord(TOPIC, 0, i, 1000, b"tenant", b'{"cost": 1}') for i in range(7)]
+    out = [json.loads(o.value) for o in op.process(recs)]
+    assert [d["allowed"] for d in out] == [True] * 5 + [False] * 2
+    retry = out[5]["retry_after_ms"]
+    assert retry == 100  # one token refills in 100 ms at 10/s
+    more = op.process([SourceRecord(TOPIC, 0, 7, 1000 + retry - 1, b"tenant", b'{"cost": 1}'),
+                       SourceRecord(TOPIC, 0, 8, 1000 + retry, b"tenant", b'{"cost": 1}')])
+    assert [json.loads(o.value)["allowed"] for o in more] == [False, True]
+    bad = op.process([SourceRecord(TOPIC, 0, 9, 2000, b"tenant", b'{"cost": -1}')])
+    assert bad[0].role == "dead_letters"
+    clone = RateLimitOperator(operator_id="rl", source_topic=TOPIC, partition=0, rate_per_s=10.0, burst=5.0,
+                              cells_per_level=1000, seed=1)
+    clone.restore(op.snapshot())
+    assert clone.snapshot() == op.snapshot()
+
+
+def test_known_key_operator_checks_unknown_keys_and_caches_only_accepted_ones() -> None:
+    from grudge_stream.operators.knownkeys import KnownKeyOperator
+
+    op = KnownKeyOperator(operator_id="kk", source_topic=TOPIC, partition=0,
+                          bloom={"capacity": 1000, "fp_rate": 0.001, "period_ms": 10_000, "seed": 2})
+    ev = lambda i, key, kind, t=1000: SourceRecord(TOPIC, 0, i, t, key, json.dumps({"event": kind}).encode())  # noqa: E731
+    out = op.process([ev(0, b"a", "seen"), ev(1, b"a", "accepted"), ev(2, b"a", "seen"),
+                      ev(3, b"b", "seen"), ev(4, b"b", "rejected"), ev(5, b"b", "seen")])
+    assert [(o.role, o.key) for o in out] == [("checks", b"a"), ("checks", b"b"), ("checks", b"b")]
+    # Forgotten after two rotations: checked again.
+    out = op.process([ev(6, b"a", "seen", 1000 + 25_000)])
+    assert [(o.role, o.key) for o in out] == [("checks", b"a")]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_column_batch_path_equals_the_record_path(seed: int) -> None:
+    rnd = random.Random(seed)
+    recs = stream(n=4000, seed=seed, jitter_ms=2500)
+    # Bad records of every kind the batch path handles itself.
+    mixed = []
+    for r in recs:
+        mixed.append(r)
+        if rnd.random() < 0.05:
+            bad = rnd.choice([(b"k", b"{nope"), (None, b'{"outcome":"bad"}'), (b"k", None),
+                              (b"k", b'{"outcome":"meh"}'), (b"x" * 2000, b'{"outcome":"bad"}')])
+            mixed.append(SourceRecord(TOPIC, 0, 0, r.timestamp_ms, bad[0], bad[1]))
+    mixed = [SourceRecord(TOPIC, 0, i, r.timestamp_ms, r.key, r.value) for i, r in enumerate(mixed)]
+    codec = EventCodec(value_field="outcome", outcomes={"bad": 0.1, "good": -0.01}, allow_numbers=False,
+                       max_key_bytes=1000)
+    slow, fast = score_op(codec=codec, latch_capacity=2), score_op(codec=codec, latch_capacity=2)
+    ref = slow.process(mixed)
+    out = []
+    pos = 0
+    while pos < len(mixed):
+        n = rnd.randint(1, 700)
+        chunk = mixed[max(0, pos - rnd.randint(0, 5)):pos + n]  # some re-delivered records too
+        out += fast.process_columns(TOPIC, 0, [r.offset for r in chunk], [r.timestamp_ms for r in chunk],
+                                    [r.key for r in chunk], [r.value for r in chunk])
+        pos += n
+    assert out == ref
+    assert fast.snapshot() == slow.snapshot()
+    assert any(o.role == "alerts" for o in ref) and any(o.role == "dead_letters" for o in ref)

@@ -1,4 +1,5 @@
 """Rotator: event-time rotation, reads from the oldest, writes to all, forgetting."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,16 @@ P = 15_000
 
 
 def rot(**kw) -> Rotator:
-    base = dict(generations=2, period_ms=P, levels=3, cells_per_level=4096, decay=NoDecay(), lo=0.0,
-                hi=1e6, seed=11)
+    base = dict(
+        generations=2,
+        period_ms=P,
+        levels=3,
+        cells_per_level=4096,
+        decay=NoDecay(),
+        lo=0.0,
+        hi=1e6,
+        seed=11,
+    )
     base.update(kw)
     return Rotator(**base)
 
@@ -30,32 +39,32 @@ def test_rotation_at_multiples_of_the_period_from_origin_zero() -> None:
     assert r.rotations == 1
     r.query(b"k", now_ms=30_000)
     assert r.rotations == 2
-    r.query(b"k", now_ms=100_000)          # crosses 45, 60, 75 and 90 s: four more
+    r.query(b"k", now_ms=100_000)  # crosses 45, 60, 75 and 90 s: four more
     assert r.rotations == 6 and r.epoch == 6
 
 
 def test_time_jumps_forget_everything_and_late_events_never_rotate_back() -> None:
     r = rot(generations=3)
     r.update(b"k", 5.0, now_ms=1_000)
-    r.update(b"k", 1.0, now_ms=500)         # late event: applied, no rotation
+    r.update(b"k", 1.0, now_ms=500)  # late event: applied, no rotation
     assert r.query(b"k", now_ms=1_000) == 6.0 and r.rotations == 0
-    r.query(b"k", now_ms=10 * P)            # 10 boundaries >= 3 generations: all gone
+    r.query(b"k", now_ms=10 * P)  # 10 boundaries >= 3 generations: all gone
     assert r.rotations == 10 and r.query(b"k", now_ms=10 * P) == 0.0
-    r.update(b"k", 2.0, now_ms=3 * P)       # late by many periods: no rotation back
+    r.update(b"k", 2.0, now_ms=3 * P)  # late by many periods: no rotation back
     assert r.rotations == 10 and r.query(b"k", now_ms=10 * P) == 2.0
-    r.update(b"neg", 1.0, now_ms=-5 * P)    # before the origin: no rotation
+    r.update(b"neg", 1.0, now_ms=-5 * P)  # before the origin: no rotation
     assert r.rotations == 10
 
 
 def test_reads_come_from_the_oldest_and_writes_go_to_all() -> None:
     r = rot()
-    r.update(b"k", 1.0, now_ms=1_000)       # both generations
-    r.update(b"j", 1.0, now_ms=14_000)      # both, just before the rotation
-    assert r.query(b"k", now_ms=15_000) == 1.0   # the promoted generation saw both writes
+    r.update(b"k", 1.0, now_ms=1_000)  # both generations
+    r.update(b"j", 1.0, now_ms=14_000)  # both, just before the rotation
+    assert r.query(b"k", now_ms=15_000) == 1.0  # the promoted generation saw both writes
     assert r.query(b"j", now_ms=15_000) == 1.0
-    r.update(b"k", 2.0, now_ms=20_000)      # oldest: 3, youngest: 2
+    r.update(b"k", 2.0, now_ms=20_000)  # oldest: 3, youngest: 2
     assert r.query(b"k", now_ms=20_000) == 3.0
-    r.query(b"k", now_ms=30_000)            # promotion forgets the write at 1 s
+    r.query(b"k", now_ms=30_000)  # promotion forgets the write at 1 s
     assert r.query(b"k", now_ms=30_000) == 2.0
     assert r.query(b"j", now_ms=30_000) == 0.0
 
@@ -76,31 +85,31 @@ def test_a_debt_stays_conservative_across_promotion() -> None:
 def test_state_lives_between_generations_minus_one_and_generations_periods() -> None:
     for g in (2, 3, 4):
         r = rot(generations=g)
-        r.update(b"k", 1.0, now_ms=7 * P - 1)     # just before a boundary: shortest life
-        r.update(b"j", 1.0, now_ms=7 * P)         # just after one: longest life
+        r.update(b"k", 1.0, now_ms=7 * P - 1)  # just before a boundary: shortest life
+        r.update(b"j", 1.0, now_ms=7 * P)  # just after one: longest life
         assert r.query(b"k", now_ms=(7 + g - 1) * P - 1) == 1.0
-        assert r.query(b"k", now_ms=(7 + g - 1) * P) == 0.0       # lived ~(g-1) periods
+        assert r.query(b"k", now_ms=(7 + g - 1) * P) == 0.0  # lived ~(g-1) periods
         assert r.query(b"j", now_ms=(7 + g) * P - 1) == 1.0
-        assert r.query(b"j", now_ms=(7 + g) * P) == 0.0           # lived g periods
+        assert r.query(b"j", now_ms=(7 + g) * P) == 0.0  # lived g periods
 
 
 def test_try_update_writes_younger_generations_only_when_the_oldest_admits() -> None:
     r = rot(levels=2, cells_per_level=64)
     r.update(b"k", 5.0, now_ms=1_000)
-    r.rotate()                                    # oldest has 5, youngest is empty
+    r.rotate()  # oldest has 5, youngest is empty
     assert r.try_update(b"k", 1.0, limit=3.0, now_ms=2_000) is False
     cells = r._cells()
     assert (cells[1]["score"] == 0).all() and (cells[1]["last_ms"] == -(2**63)).all()
     assert r.try_update(b"k", 1.0, limit=10.0, now_ms=2_000) is True
     assert r.query(b"k", now_ms=2_000) == 6.0
     r.rotate()
-    assert r.query(b"k", now_ms=2_000) == 1.0     # the youngest got only the admitted delta
+    assert r.query(b"k", now_ms=2_000) == 1.0  # the youngest got only the admitted delta
 
 
 def test_forced_rotation_and_counters() -> None:
     r = rot(period_ms=None)
     r.update(b"k", 1.0, now_ms=10**9)
-    assert r.rotations == 0 and r.epoch == 0      # no period: time never rotates
+    assert r.rotations == 0 and r.epoch == 0  # no period: time never rotates
     r.rotate()
     assert r.rotations == 1 and r.query(b"k", now_ms=10**9) == 1.0
     r.rotate()
@@ -117,7 +126,9 @@ def test_generation_seeds_are_derived_with_splitmix64() -> None:
     expect = [splitmix64((99 + (g + 2) * GOLDEN) % 2**64) for g in range(3)]
     assert list(r.generation_seeds) == expect
     r.rotate()
-    assert list(r.generation_seeds) == [splitmix64((99 + (g + 3) * GOLDEN) % 2**64) for g in range(3)]
+    assert list(r.generation_seeds) == [
+        splitmix64((99 + (g + 3) * GOLDEN) % 2**64) for g in range(3)
+    ]
     assert len(set(r.generation_seeds)) == 3
     a, b = rot(seed=5), rot(seed=5)
     for t in range(0, 60_000, 777):
@@ -150,8 +161,16 @@ def test_clock_prehashed_input_and_memory() -> None:
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(generations=1), dict(generations=17), dict(period_ms=0), dict(period_ms=-5),
-     dict(period_ms=1.5), dict(levels=0), dict(unknown=3), dict(decay=NoDecay(), hi=float("inf"))],
+    [
+        dict(generations=1),
+        dict(generations=17),
+        dict(period_ms=0),
+        dict(period_ms=-5),
+        dict(period_ms=1.5),
+        dict(levels=0),
+        dict(unknown=3),
+        dict(decay=NoDecay(), hi=float("inf")),
+    ],
 )
 def test_invalid_rotator_configs(kw) -> None:
     with pytest.raises(ConfigError):

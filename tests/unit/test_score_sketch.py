@@ -1,4 +1,5 @@
 """ScoreSketch semantics: the per-cell step, decays, clamping, try_update, time, inputs."""
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -40,8 +41,16 @@ def test_kernel_is_the_installed_compiled_extension() -> None:
 
 
 def test_spec_example_and_test_vector() -> None:
-    s = ScoreSketch(levels=4, cells_per_level=100_000, decay=Exponential(0.01), lo=0.0, hi=1.0,
-                    aggregator="min", hasher="murmur3", seed=42)
+    s = ScoreSketch(
+        levels=4,
+        cells_per_level=100_000,
+        decay=Exponential(0.01),
+        lo=0.0,
+        hi=1.0,
+        aggregator="min",
+        hasher="murmur3",
+        seed=42,
+    )
     s.update(b"client-7", 0.04, now_ms=1_000)
     assert s.query(b"client-7", now_ms=2_000) == 0.04 * math.exp(-0.01 * (1000 / 1000.0))
     assert s.try_update(b"client-7", 1.0, limit=3.0, now_ms=2_000) is True
@@ -49,8 +58,7 @@ def test_spec_example_and_test_vector() -> None:
     assert isinstance(r, QueryDetail)
     assert r.cell_indexes == (19472, 64389, 9306, 86927)
     assert r.aggregate == 0.0 and r.level_scores == (0.0, 0.0, 0.0, 0.0)
-    agg, levels, idx = r  # also a plain tuple
-    assert idx == r.cell_indexes
+    assert tuple(r) == (r.aggregate, r.level_scores, r.cell_indexes)  # also a plain tuple
 
 
 def test_indexes_are_km_of_the_key_hash_for_both_hashers() -> None:
@@ -83,9 +91,9 @@ def test_reads_write_back_decay() -> None:
 def test_clamp_after_add_per_cell() -> None:
     s = sketch(decay=NoDecay(), lo=-1.0, hi=1.0, levels=1, cells_per_level=1)
     assert s.update_and_query(b"a", 0.7, now_ms=0) == 0.7
-    assert s.update_and_query(b"a", 0.7, now_ms=0) == 1.0     # clamped at hi
-    assert s.update_and_query(b"a", -5.0, now_ms=0) == -1.0   # clamped at lo
-    assert s.update_and_query(b"a", 0.5, now_ms=0) == -0.5    # the clamp is not sticky
+    assert s.update_and_query(b"a", 0.7, now_ms=0) == 1.0  # clamped at hi
+    assert s.update_and_query(b"a", -5.0, now_ms=0) == -1.0  # clamped at lo
+    assert s.update_and_query(b"a", 0.5, now_ms=0) == -0.5  # the clamp is not sticky
 
 
 def test_clamp_is_per_cell_before_aggregation() -> None:
@@ -93,7 +101,9 @@ def test_clamp_is_per_cell_before_aggregation() -> None:
     s = ScoreSketch(levels=2, cells_per_level=3, decay=NoDecay(), lo=0.0, hi=2.0, seed=1)
     keys = [bytes([i]) for i in range(200)]
     idx = {k: s.query_detailed(k, now_ms=0).cell_indexes for k in keys}
-    a, b = next((a, b) for a in keys for b in keys if idx[a][0] == idx[b][0] and idx[a][1] != idx[b][1])
+    a, b = next(
+        (a, b) for a in keys for b in keys if idx[a][0] == idx[b][0] and idx[a][1] != idx[b][1]
+    )
     s.update(b, 10.0, now_ms=0)
     s.update(a, 1.0, now_ms=0)
     d = s.query_detailed(a, now_ms=0)
@@ -107,12 +117,14 @@ def test_update_and_query_returns_post_clamp_aggregate() -> None:
 
 def test_aggregators() -> None:
     for agg, expect in (("min", 1.0), ("max", 4.0), ("mean", 2.5)):
-        s = ScoreSketch(levels=2, cells_per_level=3, decay=NoDecay(), lo=0.0, hi=100.0, seed=1,
-                        aggregator=agg)
+        s = ScoreSketch(
+            levels=2, cells_per_level=3, decay=NoDecay(), lo=0.0, hi=100.0, seed=1, aggregator=agg
+        )
         keys = [bytes([i]) for i in range(200)]
         idx = {k: s.query_detailed(k, now_ms=0).cell_indexes for k in keys}
-        a, b = next((a, b) for a in keys for b in keys
-                    if idx[a][0] == idx[b][0] and idx[a][1] != idx[b][1])
+        a, b = next(
+            (a, b) for a in keys for b in keys if idx[a][0] == idx[b][0] and idx[a][1] != idx[b][1]
+        )
         s.update(b, 3.0, now_ms=0)
         s.update(a, 1.0, now_ms=0)
         assert s.query(a, now_ms=0) == expect
@@ -121,7 +133,9 @@ def test_aggregators() -> None:
 # ---- decays -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("decay", [Exponential(0.3), Exponential(1e-6), Linear(0.7), Linear(250.0), NoDecay()])
+@pytest.mark.parametrize(
+    "decay", [Exponential(0.3), Exponential(1e-6), Linear(0.7), Linear(250.0), NoDecay()]
+)
 def test_decay_composes_and_is_monotone(decay) -> None:
     rnd = random.Random(5)
     for _ in range(2000):
@@ -140,8 +154,8 @@ def test_decay_composes_and_is_monotone(decay) -> None:
 def test_decay_formulas() -> None:
     assert Exponential(0.1).apply(0.9, 1) == 0.9 * math.exp(-0.1 * (1 / 1000.0))
     assert Linear(2.0).apply(5.0, 1500) == 5.0 - (2.0 * 1500) / 1000.0
-    assert Linear(2.0).apply(5.0, 10_000) == 0.0        # never crosses 0
-    assert Linear(2.0).apply(-5.0, 1500) == -2.0        # negative rises
+    assert Linear(2.0).apply(5.0, 10_000) == 0.0  # never crosses 0
+    assert Linear(2.0).apply(-5.0, 1500) == -2.0  # negative rises
     assert Linear(2.0).apply(-5.0, 10_000) == 0.0
     assert NoDecay().apply(7.0, 10**9) == 7.0
     assert Exponential.from_half_life(10.0).apply(8.0, 10_000) == pytest.approx(4.0)
@@ -172,7 +186,7 @@ def test_late_events_do_not_decay_and_do_not_move_stamps_back() -> None:
     assert s.update_and_query(b"k", 1.0, now_ms=4_000) == 6.0  # dt = max(0, 4000 - 10000) = 0
     cell = s._cells()[0, 0]
     assert cell["last_ms"] == 10_000
-    assert s.query(b"k", now_ms=11_000) == 5.0                  # decays once, from 10 s
+    assert s.query(b"k", now_ms=11_000) == 5.0  # decays once, from 10 s
     assert s.watermark_ms == 11_000
 
 
@@ -183,7 +197,7 @@ def test_negative_and_extreme_timestamps_are_legal() -> None:
     s.update(b"k", 1.0, now_ms=2**63 - 1)
     assert s.query(b"k", now_ms=2**63 - 1) == 1.0
     with pytest.raises(InvalidInputError):
-        s.update(b"k", 1.0, now_ms=-(2**63))   # the never-stamped sentinel
+        s.update(b"k", 1.0, now_ms=-(2**63))  # the never-stamped sentinel
     with pytest.raises(InvalidInputError):
         s.update(b"k", 1.0, now_ms=2**63)
     with pytest.raises(TypeError):
@@ -230,16 +244,16 @@ def test_bad_clock_is_refused() -> None:
 def test_try_update_is_inclusive_and_checked_before_clamping() -> None:
     s = sketch(decay=NoDecay(), hi=1.0, levels=1, cells_per_level=1)
     s.update(b"k", 0.9, now_ms=0)
-    assert s.try_update(b"k", 0.5, limit=1.4, now_ms=0) is True    # 0.9 + 0.5 <= 1.4, then clamped
+    assert s.try_update(b"k", 0.5, limit=1.4, now_ms=0) is True  # 0.9 + 0.5 <= 1.4, then clamped
     assert s.query(b"k", now_ms=0) == 1.0
-    assert s.try_update(b"k", 0.5, limit=1.4, now_ms=0) is False   # 1.0 + 0.5 > 1.4
-    assert s.try_update(b"k", 0.0, limit=1.0, now_ms=0) is True    # equality admits
+    assert s.try_update(b"k", 0.5, limit=1.4, now_ms=0) is False  # 1.0 + 0.5 > 1.4
+    assert s.try_update(b"k", 0.0, limit=1.0, now_ms=0) is True  # equality admits
 
 
 def test_try_update_refusal_still_decays_and_stamps() -> None:
     s = sketch(decay=Linear(1.0), levels=2)
     s.update(b"k", 5.0, now_ms=0)
-    assert s.try_update(b"k", 3.0, limit=4.0, now_ms=1_000) is False   # 4 + 3 > 4
+    assert s.try_update(b"k", 3.0, limit=4.0, now_ms=1_000) is False  # 4 + 3 > 4
     cells = s._cells()
     for level, j in enumerate(s.query_detailed(b"k", now_ms=1_000).cell_indexes):
         assert cells[level, j]["score"] == 4.0 and cells[level, j]["last_ms"] == 1_000
@@ -266,7 +280,9 @@ def test_min_overestimates_never_under_with_non_negative_deltas_under_collisions
 
 
 def test_exact_when_a_cell_is_not_shared() -> None:
-    s = ScoreSketch(levels=4, cells_per_level=1 << 20, decay=Exponential(0.2), lo=0.0, hi=INF, seed=9)
+    s = ScoreSketch(
+        levels=4, cells_per_level=1 << 20, decay=Exponential(0.2), lo=0.0, hi=INF, seed=9
+    )
     rnd = random.Random(2)
     exact = {}
     t = 0
@@ -277,7 +293,7 @@ def test_exact_when_a_cell_is_not_shared() -> None:
         got = s.update_and_query(k, d, now_ms=t)
         score, last = exact.get(k, (0.0, t))
         exact[k] = (Exponential(0.2).apply(score, t - last) + d, t)
-        assert got == exact[k][0]   # bit-exact: same decay steps as a per-key model
+        assert got == exact[k][0]  # bit-exact: same decay steps as a per-key model
 
 
 def test_mixed_sign_deltas_can_underestimate() -> None:
@@ -328,7 +344,10 @@ def test_bad_batch_inputs_touch_nothing() -> None:
         (InvalidInputError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[1, 2, 3])),
         (TypeError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[1.5, 2.0])),
         (InvalidInputError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[1, -(2**63)])),
-        (InvalidInputError, lambda: s.update_many([b"a"], 1.0, now_ms=np.array([2**64 - 1], dtype=np.uint64))),
+        (
+            InvalidInputError,
+            lambda: s.update_many([b"a"], 1.0, now_ms=np.array([2**64 - 1], dtype=np.uint64)),
+        ),
         (TypeError, lambda: s.update_many([b"a", b"b"], ["x", "y"], now_ms=10)),
         (TypeError, lambda: s.update_many([b"a", b"b"], [True, False], now_ms=10)),
         (TypeError, lambda: s.update(3, 1.0, now_ms=10)),
@@ -343,14 +362,29 @@ def test_bad_batch_inputs_touch_nothing() -> None:
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(levels=0), dict(levels=65), dict(levels=True), dict(levels=2.0),
-        dict(cells_per_level=0), dict(cells_per_level=2**32),
-        dict(decay=None), dict(decay="exponential"),
-        dict(lo=1.0, hi=2.0), dict(lo=-2.0, hi=-1.0), dict(lo=1.0, hi=1.0), dict(lo=0.0, hi=0.0),
-        dict(lo=float("nan")), dict(hi=float("nan")), dict(hi="1"),
-        dict(decay=NoDecay(), hi=INF), dict(decay=NoDecay(), lo=-INF),
-        dict(aggregator="median"), dict(hasher="md5"),
-        dict(seed=-1), dict(seed=2**64), dict(seed=True), dict(seed=1.5),
+        dict(levels=0),
+        dict(levels=65),
+        dict(levels=True),
+        dict(levels=2.0),
+        dict(cells_per_level=0),
+        dict(cells_per_level=2**32),
+        dict(decay=None),
+        dict(decay="exponential"),
+        dict(lo=1.0, hi=2.0),
+        dict(lo=-2.0, hi=-1.0),
+        dict(lo=1.0, hi=1.0),
+        dict(lo=0.0, hi=0.0),
+        dict(lo=float("nan")),
+        dict(hi=float("nan")),
+        dict(hi="1"),
+        dict(decay=NoDecay(), hi=INF),
+        dict(decay=NoDecay(), lo=-INF),
+        dict(aggregator="median"),
+        dict(hasher="md5"),
+        dict(seed=-1),
+        dict(seed=2**64),
+        dict(seed=True),
+        dict(seed=1.5),
     ],
 )
 def test_invalid_configs_raise_config_error(kw) -> None:
@@ -380,8 +414,15 @@ def test_config_is_frozen_and_complete() -> None:
     s = sketch(seed=7)
     cfg = s.config
     assert isinstance(cfg, ScoreSketchConfig)
-    assert (cfg.levels, cfg.cells_per_level, cfg.lo, cfg.hi, cfg.aggregator, cfg.hasher, cfg.seed) == (
-        4, 1000, 0.0, 10.0, "min", "murmur3", 7)
+    assert (
+        cfg.levels,
+        cfg.cells_per_level,
+        cfg.lo,
+        cfg.hi,
+        cfg.aggregator,
+        cfg.hasher,
+        cfg.seed,
+    ) == (4, 1000, 0.0, 10.0, "min", "murmur3", 7)
     with pytest.raises(AttributeError):
         cfg.levels = 3  # type: ignore[misc]
     with pytest.raises(AttributeError):
@@ -389,10 +430,10 @@ def test_config_is_frozen_and_complete() -> None:
     assert s.seed == 7 and s.levels == 4 and s.cells_per_level == 1000
 
 
-def test_seed_none_draws_a_reported_seed() -> None:
+def test_seed_none_is_seed_zero_no_randomness_without_a_seed() -> None:
     a, b = sketch(seed=None), sketch(seed=None)
-    assert 0 <= a.seed < 2**64 and a.seed != b.seed
-    c = sketch(seed=a.seed)
+    assert a.seed == b.seed == 0
+    c = sketch(seed=0)
     a.update(b"x", 1.0, now_ms=1)
     c.update(b"x", 1.0, now_ms=1)
     assert a.to_bytes() == c.to_bytes()
@@ -454,8 +495,10 @@ def test_batch_equals_singles_for_every_input_form() -> None:
     limits = np.array([rnd.uniform(0, 5) for _ in keys])
     single = sketch(cells_per_level=257, lo=-3.0)
     want_u = [single.update_and_query(k, float(d), int(t)) for k, d, t in zip(keys, deltas, times)]
-    want_t = [single.try_update(k, float(d), float(lim), int(t) + 10**6)
-              for k, d, t, lim in zip(keys, deltas, times, limits)]
+    want_t = [
+        single.try_update(k, float(d), float(lim), int(t) + 10**6)
+        for k, d, t, lim in zip(keys, deltas, times, limits)
+    ]
     want_q = [single.query(k, now_ms=int(t) + 2 * 10**6) for k, t in zip(keys, times)]
     for form in ("list", "tuple", "iter", "hashes", "object-array", "memoryview-hashes"):
         s = sketch(cells_per_level=257, lo=-3.0)
@@ -498,7 +541,7 @@ def test_batch_scalars_and_fixed_width_rows() -> None:
     assert a.query_many([], now_ms=1).shape == (0,)
     assert a.try_update_many(np.array([], dtype=np.uint64), 1.0, 2.0, now_ms=[]).dtype == np.bool_
     a.update_many([], 1.0)
-    big_batch = [b"x"] * 5000   # spans several lock chunks
+    big_batch = [b"x"] * 5000  # spans several lock chunks
     s = sketch(decay=NoDecay(), hi=1e9)
     s.update_many(big_batch, 1.0, now_ms=0)
     assert s.query(b"x", now_ms=0) == 5000.0
@@ -513,7 +556,9 @@ def test_read_only_buffers_are_accepted() -> None:
     t = np.array([5, 6], dtype=np.int64)
     t.flags.writeable = False
     assert s.update_and_query_many(h, d, now_ms=t).tolist() == [1.0, 2.0]
-    assert s.update_and_query_many(h, np.array([1, 1], dtype=np.int32), now_ms=7).dtype == np.float64
+    assert (
+        s.update_and_query_many(h, np.array([1, 1], dtype=np.int32), now_ms=7).dtype == np.float64
+    )
 
 
 # ---- sizing ------------------------------------------------------------------------------
@@ -527,7 +572,15 @@ def test_suggest_levels_examples_and_errors() -> None:
         p = -math.expm1(h * math.log1p(-1 / m))
         level = suggest_levels(h, m, target)
         assert p**level <= target and (level == 1 or p ** (level - 1) > target)
-    for args in ((0, 1000, 0.1), (-1, 1000, 0.1), (10, 1, 0.1), (10, 1000, 0.0), (10, 1000, 1.0),
-                 (10, 1000, float("nan")), (10, 1000, -0.5), (10**20, 2, 0.5)):
+    for args in (
+        (0, 1000, 0.1),
+        (-1, 1000, 0.1),
+        (10, 1, 0.1),
+        (10, 1000, 0.0),
+        (10, 1000, 1.0),
+        (10, 1000, float("nan")),
+        (10, 1000, -0.5),
+        (10**20, 2, 0.5),
+    ):
         with pytest.raises(ValueError):
             suggest_levels(*args)

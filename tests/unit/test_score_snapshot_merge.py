@@ -1,4 +1,5 @@
 """ScoreSketch / Rotator snapshots (round trip, corruption) and merge."""
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,15 @@ def test_every_bit_flip_and_truncation_is_refused(cls) -> None:
         obj = ScoreSketch(levels=2, cells_per_level=4, decay=Linear(1.0), hi=2.0, seed=3)
         load = ScoreSketch.from_bytes
     else:
-        obj = Rotator(generations=2, period_ms=1000, levels=1, cells_per_level=4, decay=Linear(1.0),
-                      hi=2.0, seed=3)
+        obj = Rotator(
+            generations=2,
+            period_ms=1000,
+            levels=1,
+            cells_per_level=4,
+            decay=Linear(1.0),
+            hi=2.0,
+            seed=3,
+        )
         load = Rotator.from_bytes
     obj.update(b"a", 1.5, now_ms=1500)
     obj.update(b"b", 0.5, now_ms=1600)
@@ -169,8 +177,15 @@ def test_semantically_invalid_snapshots_are_refused(edit_header, edit_payload, m
     ],
 )
 def test_semantically_invalid_rotator_snapshots_are_refused(edit_header, match) -> None:
-    r = Rotator(generations=2, period_ms=1000, levels=2, cells_per_level=4, decay=Linear(1.0),
-                hi=2.0, seed=3)
+    r = Rotator(
+        generations=2,
+        period_ms=1000,
+        levels=2,
+        cells_per_level=4,
+        decay=Linear(1.0),
+        hi=2.0,
+        seed=3,
+    )
     r.update(b"a", 1.0, now_ms=5_500)
     blob = _reseal(r.to_bytes(), KIND_ROTATOR, edit_header)
     with pytest.raises(SnapshotError, match=match):
@@ -182,9 +197,16 @@ def test_header_documents_config_seed_and_clock_state() -> None:
     s.update(b"k", 1.0, now_ms=1234)
     header, payload = unpack(s.to_bytes(), KIND_SCORE_SKETCH)
     assert header == {
-        "config": {"aggregator": "min", "cells_per_level": 8,
-                   "decay": {"kind": "exponential", "lambda_per_s": 0.25},
-                   "hasher": "murmur3", "hi": 3.0, "levels": 2, "lo": -1.0, "seed": 7},
+        "config": {
+            "aggregator": "min",
+            "cells_per_level": 8,
+            "decay": {"kind": "exponential", "lambda_per_s": 0.25},
+            "hasher": "murmur3",
+            "hi": 3.0,
+            "levels": 2,
+            "lo": -1.0,
+            "seed": 7,
+        },
         "watermark_ms": 1234,
     }
     assert payload.nbytes == 16 * 2 * 8
@@ -199,13 +221,28 @@ def test_header_documents_config_seed_and_clock_state() -> None:
 
 def test_merge_refuses_other_configs_and_seeds() -> None:
     a = small()
-    for other in (small(seed=8), small(hi=4.0), small(decay=Exponential(0.3)), small(levels=3),
-                  small(aggregator="max"), small(hasher="siphash")):
+    for other in (
+        small(seed=8),
+        small(hi=4.0),
+        small(decay=Exponential(0.3)),
+        small(levels=3),
+        small(aggregator="max"),
+        small(hasher="siphash"),
+    ):
         with pytest.raises(MismatchError):
             a.merge(other)
     with pytest.raises(TypeError):
-        a.merge(Rotator(period_ms=1, levels=2, cells_per_level=8, decay=Exponential(0.25), lo=-1.0,
-                        hi=3.0, seed=7))
+        a.merge(
+            Rotator(
+                period_ms=1,
+                levels=2,
+                cells_per_level=8,
+                decay=Exponential(0.25),
+                lo=-1.0,
+                hi=3.0,
+                seed=7,
+            )
+        )
 
 
 def test_merge_is_exact_for_no_decay_integer_deltas_without_clamping() -> None:
@@ -246,7 +283,15 @@ def test_merge_with_self_doubles_and_fresh_is_identity() -> None:
 
 
 def test_rotator_merge_needs_the_same_rotation_state() -> None:
-    kw = dict(generations=2, period_ms=1000, levels=2, cells_per_level=16, decay=NoDecay(), hi=100.0, seed=9)
+    kw = dict(
+        generations=2,
+        period_ms=1000,
+        levels=2,
+        cells_per_level=16,
+        decay=NoDecay(),
+        hi=100.0,
+        seed=9,
+    )
     a, b = Rotator(**kw), Rotator(**kw)
     a.update(b"k", 1.0, now_ms=500)
     b.update(b"k", 2.0, now_ms=700)

@@ -1,0 +1,207 @@
+"""DecayingCountMin throughput, top-k accuracy and exact baselines.
+
+    python benchmarks/bench_countmin.py [--events 10000000] [--keys 1000000] [--runs 5]
+
+Workload: a Zipf(1.1) stream over --keys distinct 16-byte keys (fixed seed).
+Every figure is the median of --runs runs; the last line is a JSON summary.
+Run it against the installed package (not the source tree), on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+from _workload import Workload, deep_size_of_keys, each, emit, machine, median, timed
+
+from grudge_stream import DecayingCountMin
+
+
+def chunks(seq, size):
+    return [seq[i : i + size] for i in range(0, len(seq), size)]
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=100_000, help="events per increment_many call")
+    ap.add_argument(
+        "--bytes-events", type=int, default=4_000_000, help="events for the bytes-key runs"
+    )
+    ap.add_argument("--baseline-distinct", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    args = ap.parse_args(argv)
+    runs, n = args.runs, args.events
+    t0 = time.perf_counter()
+    w = Workload(n, args.keys)
+    print(
+        f"workload: {n:,} events, Zipf s={w.s} over {args.keys:,} keys ({w.distinct:,} seen), "
+        f"16-byte keys, batches of {args.batch:,}; median of {runs} runs; setup {time.perf_counter() - t0:.1f}s"
+    )
+    res: dict = {
+        "machine": machine(),
+        "events": n,
+        "keys": args.keys,
+        "distinct_seen": w.distinct,
+        "zipf_s": w.s,
+        "runs": runs,
+        "batch": args.batch,
+    }
+    hb = chunks(w.hashes, args.batch)
+
+    def rate(times, events):
+        return events / median(times) / 1e6
+
+    def row(name, mevs, extra=""):
+        print(f"  {name:<48} {mevs:8.1f} M events/s  ({1e3 / mevs:6.2f} ns/event){extra}")
+
+    # -- increment, pre-hashed -------------------------------------------------
+    sk = DecayingCountMin(epoch_ms=None)
+    t = timed(lambda: each(sk.increment_many, hb), runs)
+    res["increment_prehashed_mev_s"] = rate(t, n)
+    row("increment_many, pre-hashed uint64", res["increment_prehashed_mev_s"])
+
+    # -- increment, pre-hashed, per-event timestamps (event-time epochs) --------
+    ts = (np.arange(n, dtype=np.int64) * 60_000) // n  # 60 epochs of 1 s across the stream
+    tb = chunks(ts, args.batch)
+    sk_t = DecayingCountMin(epoch_ms=1000)
+    t = timed(
+        lambda: [sk_t.increment_many(c, now_ms=tt) for c, tt in zip(hb, tb)],
+        runs,
+        setup=lambda: sk_t.merge(DecayingCountMin(epoch_ms=1000)),
+    )
+    res["increment_prehashed_timestamps_mev_s"] = rate(t, n)
+    row(
+        "increment_many, pre-hashed + per-event now_ms", res["increment_prehashed_timestamps_mev_s"]
+    )
+
+    # -- query, pre-hashed --------------------------------------------------------
+    t = timed(lambda: each(sk.query_many, hb), runs)
+    res["query_prehashed_mev_s"] = rate(t, n)
+    row("query_many, pre-hashed uint64", res["query_prehashed_mev_s"])
+
+    # -- bytes keys (hashing included) ---------------------------------------------
+    nb = min(args.bytes_events, n)
+    fresh = chunks(w.fresh_keys(nb), args.batch)
+    t = timed(lambda: each(sk.increment_many, fresh), runs)
+    res["increment_bytes_fresh_mev_s"] = rate(t, nb)
+    row("increment_many, bytes keys (one object per event)", res["increment_bytes_fresh_mev_s"])
+    t = timed(lambda: each(sk.query_many, fresh), runs)
+    res["query_bytes_fresh_mev_s"] = rate(t, nb)
+    row("query_many, bytes keys (one object per event)", res["query_bytes_fresh_mev_s"])
+    fresh = None
+    shared = chunks(w.shared_keys(nb), args.batch)
+    t = timed(lambda: each(sk.increment_many, shared), runs)
+    res["increment_bytes_shared_mev_s"] = rate(t, nb)
+    row("increment_many, bytes keys (shared key objects)", res["increment_bytes_shared_mev_s"])
+    shared = None
+
+    # -- single-key calls from Python -------------------------------------------------
+    keys = w.universe[:1000] * 1000
+    empty = timed(lambda: [None for _ in keys], runs)
+    res["python_loop_ns"] = median(empty) / len(keys) * 1e9
+    for label, sketch, call in (
+        (
+            "manual epochs",
+            DecayingCountMin(epoch_ms=None),
+            lambda s: [s.increment(k) for k in keys],
+        ),
+        (
+            "now_ms=int",
+            DecayingCountMin(epoch_ms=1000),
+            lambda s: [s.increment(k, 1, 5_000) for k in keys],
+        ),
+        ("system clock", DecayingCountMin(epoch_ms=1000), lambda s: [s.increment(k) for k in keys]),
+    ):
+        t = timed(lambda call=call, sketch=sketch: call(sketch), runs)
+        ns = median(t) / len(keys) * 1e9
+        res[f"single_increment_ns_{label.split()[0].replace('=', '_')}"] = ns
+        print(
+            f"  single increment ({label:<13}) {ns:6.1f} ns/call incl. a {res['python_loop_ns']:.1f} ns "
+            f"list-comprehension step"
+        )
+    sk1 = DecayingCountMin(epoch_ms=None)
+    sk1.increment_many(w.hashes[:1_000_000])
+    t = timed(lambda: [sk1.query(k) for k in keys], runs)
+    res["single_query_ns"] = median(t) / len(keys) * 1e9
+    print(f"  single query   (manual epochs) {res['single_query_ns']:6.1f} ns/call")
+
+    # -- top-k -------------------------------------------------------------------------
+    topk = DecayingCountMin(epoch_ms=None, top_k=100)
+    t = timed(
+        lambda: each(topk.increment_many, hb),
+        runs,
+        setup=lambda: topk.merge(DecayingCountMin(epoch_ms=None, top_k=100)),
+    )
+    res["increment_prehashed_topk100_mev_s"] = rate(t, n)
+    res["topk100_cost_ns_per_event"] = (
+        1e3 / res["increment_prehashed_topk100_mev_s"] - 1e3 / res["increment_prehashed_mev_s"]
+    )
+    row(
+        "increment_many, pre-hashed, top_k=100",
+        res["increment_prehashed_topk100_mev_s"],
+        f"  top-k cost {res['topk100_cost_ns_per_event']:+.2f} ns/event",
+    )
+    acc = DecayingCountMin(epoch_ms=None, top_k=100)  # one pass: 10M events, 1M keys, 1 MiB
+    for c in chunks(w.fresh_keys(n), args.batch):
+        acc.increment_many(c)
+    exact = np.bincount(w.ids, minlength=args.keys)
+    true_top = set(np.argsort(-exact, kind="stable")[:100].tolist())
+    got = [int.from_bytes(k[:8], "little") for k, _ in acc.top(100)]
+    recall = len(true_top & set(got)) / 100
+    tie = exact[np.argsort(-exact, kind="stable")[99]]
+    recall_ties = sum(1 for g in got if exact[g] >= tie) / 100
+    overest = np.mean([v / exact[g] - 1 for g, (_, v) in zip(got, acc.top(100))])
+    res.update(
+        top100_recall=recall,
+        top100_recall_with_ties=recall_ties,
+        top100_mean_overestimate=overest,
+        cells_memory_bytes=acc.memory_bytes(),
+    )
+    print(
+        f"  top(100) recall vs exact counts: {recall:.3f} (counting ties at rank 100: {recall_ties:.3f}); "
+        f"mean overestimate {overest:.2%}; sketch {acc.memory_bytes():,} bytes"
+    )
+
+    # -- exact baselines ---------------------------------------------------------------------
+    fresh_all = w.fresh_keys(nb)
+
+    def count_exact():
+        c = Counter()
+        c.update(fresh_all)
+
+    t = timed(count_exact, max(3, runs // 2))
+    res["counter_update_mev_s"] = nb / median(t) / 1e6
+    row("collections.Counter.update, bytes keys", res["counter_update_mev_s"])
+    fresh_all = None
+    for d in args.baseline_distinct:
+        ks = [key_ for key_ in (i.to_bytes(8, "little") * 2 for i in range(d))]
+        c = Counter(ks)
+        mem = sys.getsizeof(c) + deep_size_of_keys(ks)
+        res[f"counter_memory_bytes_{d}"] = mem
+        print(
+            f"  Counter with {d:>12,} distinct keys: {mem / 2**20:9.1f} MiB "
+            f"(sketch: {DecayingCountMin().memory_bytes() / 2**20:.1f} MiB, fixed)"
+        )
+        del c, ks
+    res["sketch_memory_bytes"] = DecayingCountMin().memory_bytes()
+    res["targets"] = {
+        "increment_prehashed_mev_s": 100,
+        "increment_bytes_mev_s": 40,
+        "query_prehashed_mev_s": 100,
+        "single_increment_ns": 100,
+        "top100_recall": 0.95,
+        "increment_prehashed_topk100_mev_s": 50,
+    }
+    emit("bench_countmin", res)
+    return res
+
+
+if __name__ == "__main__":
+    main()

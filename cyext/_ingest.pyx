@@ -1,0 +1,126 @@
+# Per-record loops of the batch paths: grouping consumed messages into columns and
+# decoding a column of payloads through a cache. Everything else in a batch is numpy or
+# a sketch's nogil batch call.
+from libc.math cimport exp
+from libc.stdint cimport int64_t
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
+
+# Timestamps outside [0, 2**53) ms are refused (see operators.codec.MAX_TIMESTAMP_MS).
+cdef int64_t MAX_TS = (1 << 53) - 1
+
+
+def group_messages(list msgs):
+    """confluent-kafka messages -> ({partition: (offsets, timestamps, keys, values)}, errors)."""
+    cdef dict out = {}
+    cdef list errors = []
+    cdef object m, cols, err
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            errors.append(m)
+            continue
+        p = m.partition()
+        cols = out.get(p)
+        if cols is None:
+            cols = out[p] = ([], [], [], [])
+        (<list>cols[0]).append(m.offset())
+        (<list>cols[1]).append(m.timestamp()[1])
+        (<list>cols[2]).append(m.key())
+        (<list>cols[3]).append(m.value())
+    return out, errors
+
+
+def group_records(dict by_tp_records):
+    """aiokafka records ({partition: [ConsumerRecord]}) -> {partition: (offsets, timestamps, keys, values)}."""
+    cdef dict out = {}
+    cdef list offs, tss, keys, vals
+    cdef object r
+    for p, recs in by_tp_records.items():
+        offs, tss, keys, vals = [], [], [], []
+        for r in recs:
+            offs.append(r.offset)
+            tss.append(r.timestamp)
+            keys.append(r.key)
+            vals.append(r.value)
+        out[p] = (offs, tss, keys, vals)
+    return out
+
+
+def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dict cache,
+                  object decode_value, Py_ssize_t max_key_bytes, Py_ssize_t cache_max_entries,
+                  Py_ssize_t cache_max_value_bytes):
+    """Decode records ``start..n`` whose meaning depends on the value bytes alone.
+
+    Returns ``(index, deltas, ts, bad)``: the indexes of valid records (int64), their
+    decoded values (float64) and timestamps (int64), and ``[(index, reason), ...]`` for the
+    rest, in record order. ``decode_value(bytes)`` returns a float or a reason string.
+    """
+    cdef Py_ssize_t n = len(values), i, j = 0
+    cdef cnp.ndarray[cnp.int64_t, ndim=1] idx = np.empty(n - start if n > start else 0, dtype=np.int64)
+    cdef cnp.ndarray[cnp.float64_t, ndim=1] deltas = np.empty(n - start if n > start else 0, dtype=np.float64)
+    cdef cnp.ndarray[cnp.int64_t, ndim=1] ts = np.empty(n - start if n > start else 0, dtype=np.int64)
+    cdef list bad = []
+    cdef object v, k, d, t
+    cdef int64_t tsv
+    for i in range(start, n):
+        v = values[i]
+        if v is None:
+            bad.append((i, "record has no value (tombstone)"))
+            continue
+        d = cache.get(v)
+        if d is None:
+            d = decode_value(v)
+            if len(cache) < cache_max_entries and len(<bytes>v) <= cache_max_value_bytes:
+                cache[v] = d
+        if type(d) is str:
+            bad.append((i, d))
+            continue
+        k = keys[i]
+        if k is None:
+            bad.append((i, "record has no key"))
+            continue
+        if max_key_bytes and len(<bytes>k) > max_key_bytes:
+            bad.append((i, f"key is {len(<bytes>k)} bytes, over the limit of {max_key_bytes}"))
+            continue
+        t = timestamps[i]
+        tsv = t
+        if tsv < 0 or tsv > MAX_TS:
+            bad.append((i, f"record timestamp {tsv} is out of range [0, 2**53)"))
+            continue
+        idx[j] = i
+        deltas[j] = d
+        ts[j] = tsv
+        j += 1
+    return idx[:j], deltas[:j], ts[:j], bad
+
+
+def watermark_and_weights(cnp.int64_t[::1] ts, double[::1] deltas, object watermark, double lam_per_ms):
+    """Running watermark per event, lateness count, and late deltas weighted by exp(-lam * late).
+
+    Uses libm's exp, as the per-record path does (math.exp), so results are bit-identical.
+    """
+    cdef Py_ssize_t n = ts.shape[0], i
+    cdef cnp.ndarray[cnp.int64_t, ndim=1] now = np.empty(n, dtype=np.int64)
+    cdef cnp.ndarray[cnp.float64_t, ndim=1] w = np.empty(n, dtype=np.float64)
+    cdef bint have = watermark is not None
+    cdef int64_t wm = watermark if have else 0
+    cdef Py_ssize_t late = 0
+    for i in range(n):
+        if not have or ts[i] > wm:
+            wm = ts[i]
+            have = True
+            w[i] = deltas[i]
+        else:
+            if ts[i] < wm:
+                late += 1
+                if lam_per_ms != 0.0:
+                    w[i] = deltas[i] * exp(-lam_per_ms * <double>(wm - ts[i]))
+                else:
+                    w[i] = deltas[i]
+            else:
+                w[i] = deltas[i]
+        now[i] = wm
+    return now, w, late

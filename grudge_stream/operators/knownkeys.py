@@ -1,0 +1,81 @@
+"""A known-key cache: spare a backend the checks of keys it already accepted.
+
+The source topic carries two kinds of JSON events for a key (keyed by it, so
+both land in the same partition):
+
+- ``{"event": "seen"}``: a request that needs the key validated (a stream
+  label set, an API token, a device id);
+- ``{"event": "accepted"}``: the backend's verdict that the key is valid
+  (``{"event": "rejected"}`` is read and ignored: rejected keys are never
+  cached).
+
+For a ``seen`` key the ``ForgettingBloom`` answers: present → counted as
+skipped (no output); absent → a ``checks`` record asks the backend to check
+it. ``accepted`` inserts the key. The error direction is fail-open: a Bloom
+false positive skips the check of an unknown key, at most at the fp target
+(``fp_rate_estimate`` reports the live rate) and only until the key's
+generation is forgotten (one to two ``period_ms``).
+"""
+from __future__ import annotations
+
+import json
+
+from grudge_stream.operators.alerts import key_fields
+from grudge_stream.operators.base import Operator
+from grudge_stream.operators.codec import BadRecord, Event, EventCodec
+from grudge_stream.operators.records import OutputRecord, SourceRecord
+
+EVENTS = {"seen": 0.0, "accepted": 1.0, "rejected": 2.0}
+
+
+class KnownKeyOperator(Operator):
+    kind = "known_keys"
+
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
+                 codec: EventCodec | None = None, max_future_ms: int | None = 3_600_000) -> None:
+        codec = codec or EventCodec(value_field="event", outcomes=EVENTS, allow_numbers=False)
+        super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
+                         codec=codec, max_future_ms=max_future_ms)
+        from grudge_stream import ForgettingBloom
+
+        self.bloom_config = dict(bloom)
+        self._cls = ForgettingBloom
+        self.bloom = ForgettingBloom(**self.bloom_config)
+        self.counters.update(checks=0, skipped=0, accepted=0, rejected=0)
+
+    def config_dict(self) -> dict:
+        return {"bloom": self.bloom_config}
+
+    def validate_event(self, ev: Event) -> None:
+        if ev.value not in (0.0, 1.0, 2.0):
+            raise BadRecord("event must be 'seen', 'accepted' or 'rejected'")
+
+    def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
+              out: list[OutputRecord]) -> None:
+        if ev.value == 1.0:
+            self.bloom.add(ev.key, now_ms=now_ms)
+            self.counters["accepted"] += 1
+        elif ev.value == 2.0:
+            self.counters["rejected"] += 1
+        elif self.bloom.contains(ev.key, now_ms=now_ms):
+            self.counters["skipped"] += 1
+        else:
+            self.counters["checks"] += 1
+            body = {"operator": self.operator_id, **key_fields(ev.key), "event_time_ms": now_ms,
+                    "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
+            out.append(OutputRecord("checks", ev.key, json.dumps(body, separators=(",", ":")).encode()))
+
+    def state_sections(self) -> list[tuple[str, bytes]]:
+        return [("bloom", self.bloom.to_bytes())]
+
+    def load_sections(self, sections: dict, scalars: dict) -> None:
+        bloom = self._cls.from_bytes(bytes(sections["bloom"]))
+        if bloom.config != self.bloom.config:
+            raise ValueError("bloom section was written under another configuration")
+        self.bloom = bloom
+
+    def memory_bytes(self) -> int:
+        return self.bloom.memory_bytes()
+
+    def sketch_bytes(self) -> bytes:
+        return self.bloom.to_bytes()

@@ -1,0 +1,1 @@
+"""The confluent-kafka batch runner: replay and backfill (grudge_stream.replay.runner)."""

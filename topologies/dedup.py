@@ -1,0 +1,48 @@
+"""Streaming dedup: forward each key's first sighting within a memory window, drop repeats.
+
+Events: any records; the dedup key is the record key (``raw``) or a JSON field
+(``key_field``). First sightings are forwarded unchanged to the output topic.
+A ``ForgettingBloom`` sized for ``capacity`` keys per generation at
+``fp_rate`` remembers keys for one to two ``period_ms`` (two generations).
+A false positive drops a new key's record (rate bounded by ``fp_rate``); a
+key is never forwarded twice inside its window.
+
+Settings: ``source_topic`` (dedup-in), ``output_topic`` (dedup-out),
+``dead_letter_topic`` (dedup-dead-letters), ``snapshot_topic``
+(dedup-snapshots), ``operator_id`` (dedup), ``capacity`` (1000000),
+``fp_rate`` (0.001), ``period_ms`` (3600000), ``seed`` (0), ``key_field``.
+"""
+from __future__ import annotations
+
+from grudge_stream.operators.codec import EventCodec
+from grudge_stream.operators.dedup import DedupOperator
+from grudge_stream.topology import Settings, Topology
+
+
+def build(settings: Settings) -> Topology:
+    source = settings.get("source_topic", "dedup-in")
+    operator_id = settings.get("operator_id", "dedup")
+    bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
+             "period_ms": settings.get("period_ms", 3_600_000), "seed": settings.get("seed", 0),
+             "hasher": "siphash"}
+    key_field = settings.get("key_field", None)
+    codec = (EventCodec(encoding="raw") if key_field is None
+             else EventCodec(key_field=key_field, value_field=None))
+
+    def make_operator(partition: int) -> DedupOperator:
+        return DedupOperator(operator_id=operator_id, source_topic=source, partition=partition,
+                             bloom=bloom, codec=codec)
+
+    return Topology(
+        name=settings.get("app_name", "dedup"),
+        source_topic=source,
+        make_operator=make_operator,
+        outputs={
+            "forward": settings.get("output_topic", "dedup-out"),
+            "dead_letters": settings.get("dead_letter_topic", "dedup-dead-letters"),
+        },
+        snapshot_topic=settings.get("snapshot_topic", "dedup-snapshots"),
+        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
+        restore_fallback=settings.get("restore_fallback", "replay"),
+        description="streaming dedup with a forgetting Bloom filter",
+    )

@@ -1,0 +1,54 @@
+"""Heavy hitters / DDoS detection: which source IPs flood right now.
+
+Events: one record per request or packet sample, keyed by the source IP
+(``raw`` encoding: the key is all that is read, weight 1), or JSON with a
+``weight`` field when ``encoding=json``.
+
+A ``DecayingCountMin`` (4 x 65536 cells = 1 MiB per partition, counts halving
+every ``epoch_ms``) estimates each IP's decayed request count; an IP is
+raised at ``raise_at`` and cleared at ``clear_at``; every
+``report_interval_ms`` the top-k IPs go to the reports topic.
+
+Settings: ``source_topic`` (hh-requests), ``alerts_topic`` (hh-alerts),
+``reports_topic`` (hh-top), ``dead_letter_topic`` (hh-dead-letters),
+``snapshot_topic`` (hh-snapshots), ``operator_id`` (heavy-hitters), ``depth``
+(4), ``width`` (65536), ``epoch_ms`` (1000), ``raise_at`` (5000), ``clear_at``
+(1000), ``top_k`` (100), ``report_interval_ms`` (10000), ``seed`` (0),
+``encoding`` (raw | json).
+"""
+from __future__ import annotations
+
+from grudge_stream.operators.codec import EventCodec
+from grudge_stream.operators.heavy import HeavyHitterOperator
+from grudge_stream.topology import Settings, Topology
+
+
+def build(settings: Settings) -> Topology:
+    source = settings.get("source_topic", "hh-requests")
+    operator_id = settings.get("operator_id", "heavy-hitters")
+    sketch = {"depth": settings.get("depth", 4), "width": settings.get("width", 65_536),
+              "epoch_ms": settings.get("epoch_ms", 1000), "seed": settings.get("seed", 0),
+              "hasher": "siphash"}
+    encoding = settings.get("encoding", "raw")
+    codec = EventCodec(encoding="raw") if encoding == "raw" else EventCodec(value_field="weight")
+    kwargs = dict(raise_at=settings.get("raise_at", 5000.0), clear_at=settings.get("clear_at", 1000.0),
+                  top_k=settings.get("top_k", 100), report_interval_ms=settings.get("report_interval_ms", 10_000))
+
+    def make_operator(partition: int) -> HeavyHitterOperator:
+        return HeavyHitterOperator(operator_id=operator_id, source_topic=source, partition=partition,
+                                   sketch=sketch, codec=codec, **kwargs)
+
+    return Topology(
+        name=settings.get("app_name", "heavy-hitters"),
+        source_topic=source,
+        make_operator=make_operator,
+        outputs={
+            "alerts": settings.get("alerts_topic", "hh-alerts"),
+            "reports": settings.get("reports_topic", "hh-top"),
+            "dead_letters": settings.get("dead_letter_topic", "hh-dead-letters"),
+        },
+        snapshot_topic=settings.get("snapshot_topic", "hh-snapshots"),
+        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
+        restore_fallback=settings.get("restore_fallback", "replay"),
+        description="decayed heavy hitters with alerts and top-k reports",
+    )

@@ -1,0 +1,43 @@
+"""Known-key cache: send the backend only the keys it has not accepted recently.
+
+The source topic carries ``{"event": "seen"}`` for every request and
+``{"event": "accepted"}`` / ``{"event": "rejected"}`` verdicts that the
+backend writes back, all keyed by the key being checked. Unknown keys go to
+the checks topic; known ones are skipped. Only accepted keys are remembered,
+for one to two ``period_ms``; the cache fails open at most at ``fp_rate``
+(docs/forgetting-bloom.md).
+
+Settings: ``source_topic`` (known-keys-events), ``checks_topic``
+(known-keys-checks), ``dead_letter_topic`` (known-keys-dead-letters),
+``snapshot_topic`` (known-keys-snapshots), ``operator_id`` (known-keys),
+``capacity`` (1000000), ``fp_rate`` (0.001), ``period_ms`` (600000), ``seed`` (0).
+"""
+from __future__ import annotations
+
+from grudge_stream.operators.knownkeys import KnownKeyOperator
+from grudge_stream.topology import Settings, Topology
+
+
+def build(settings: Settings) -> Topology:
+    source = settings.get("source_topic", "known-keys-events")
+    operator_id = settings.get("operator_id", "known-keys")
+    bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
+             "period_ms": settings.get("period_ms", 600_000), "seed": settings.get("seed", 0),
+             "hasher": "siphash"}
+
+    def make_operator(partition: int) -> KnownKeyOperator:
+        return KnownKeyOperator(operator_id=operator_id, source_topic=source, partition=partition, bloom=bloom)
+
+    return Topology(
+        name=settings.get("app_name", "known-keys"),
+        source_topic=source,
+        make_operator=make_operator,
+        outputs={
+            "checks": settings.get("checks_topic", "known-keys-checks"),
+            "dead_letters": settings.get("dead_letter_topic", "known-keys-dead-letters"),
+        },
+        snapshot_topic=settings.get("snapshot_topic", "known-keys-snapshots"),
+        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
+        restore_fallback=settings.get("restore_fallback", "replay"),
+        description="known-key cache in front of a backend check",
+    )

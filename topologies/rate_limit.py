@@ -1,0 +1,57 @@
+"""Rate limiting: an allow/deny decision per request, per API key, with exact retry-after.
+
+Events (JSON, keyed by the API key or tenant)::
+
+    {"cost": 1}        # the request's cost in tokens (default field "cost")
+
+Each key has a token bucket refilled at ``rate_per_s`` (10) up to ``burst``
+(20); a request is allowed iff the bucket holds its cost. Every request gets a
+decision on the decisions topic: ``{"allowed": false, "retry_after_ms": 380,
+...}``. Keys come from the public: SipHash under a secret ``seed``.
+
+Settings: ``source_topic`` (ratelimit-requests), ``decisions_topic``
+(ratelimit-decisions), ``dead_letter_topic`` (ratelimit-dead-letters),
+``snapshot_topic`` (ratelimit-snapshots), ``operator_id`` (rate-limit),
+``rate_per_s``, ``burst``, ``reject_penalty`` (0), ``levels`` (4),
+``cells_per_level`` (100000), ``seed`` (0), ``emit`` (all | denials),
+``checkpoint_interval_s`` (5), ``restore_fallback`` (replay).
+"""
+from __future__ import annotations
+
+from grudge_stream.operators.codec import EventCodec
+from grudge_stream.operators.ratelimit import RateLimitOperator
+from grudge_stream.topology import Settings, Topology
+
+
+def build(settings: Settings) -> Topology:
+    source = settings.get("source_topic", "ratelimit-requests")
+    operator_id = settings.get("operator_id", "rate-limit")
+    params = dict(
+        rate_per_s=settings.get("rate_per_s", 10.0),
+        burst=settings.get("burst", 20.0),
+        reject_penalty=settings.get("reject_penalty", 0.0),
+        levels=settings.get("levels", 4),
+        cells_per_level=settings.get("cells_per_level", 100_000),
+        hasher="siphash",
+        seed=settings.get("seed", 0),
+        emit=settings.get("emit", "all"),
+    )
+    codec = EventCodec(value_field=settings.get("cost_field", "cost"), max_key_bytes=1024)
+
+    def make_operator(partition: int) -> RateLimitOperator:
+        return RateLimitOperator(operator_id=operator_id, source_topic=source, partition=partition,
+                                 codec=codec, **params)
+
+    return Topology(
+        name=settings.get("app_name", "rate-limit"),
+        source_topic=source,
+        make_operator=make_operator,
+        outputs={
+            "decisions": settings.get("decisions_topic", "ratelimit-decisions"),
+            "dead_letters": settings.get("dead_letter_topic", "ratelimit-dead-letters"),
+        },
+        snapshot_topic=settings.get("snapshot_topic", "ratelimit-snapshots"),
+        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
+        restore_fallback=settings.get("restore_fallback", "replay"),
+        description="token-bucket rate limiting with exact retry-after",
+    )
