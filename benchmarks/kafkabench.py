@@ -277,9 +277,11 @@ def metric_samples(text: bytes, name: str) -> list[tuple[str, float]]:
 
 
 def grudge_worker_cmd(topology: str, bootstrap: str, web_port: int, settings: dict,
-                      loglevel: str = "warning") -> list[str]:
+                      loglevel: str = "warning", runtime: str | None = None) -> list[str]:
     cmd = [python(), "-m", "grudge_stream.cli", "worker", topology, "--bootstrap-servers", bootstrap,
            "--web-port", str(web_port), "--loglevel", loglevel]
+    if runtime:
+        cmd += ["--runtime", runtime]
     for k, v in settings.items():
         cmd += ["--set", f"{k}={v}"]
     return cmd
