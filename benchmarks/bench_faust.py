@@ -270,8 +270,11 @@ def main() -> int:
                     if r.get("failed_attempts"):
                         extra += f"  ({len(r['failed_attempts'])} attempt(s) got no events)"
                     if kind in ("c", "d"):
+                        pr = r["metrics_poll_rate"]
                         extra += (f"  snapshots {r['snapshots']} taking {r['snapshot_s_total']:.2f}s, "
-                                 f"alerts {r['alerts']}, stop {r['stop_s']:.1f}s")
+                                  f"alerts {r['alerts']}, {r['batch_calls']} process calls, "
+                                  f"stop {r['stop_s']:.1f}s, /metrics-poll rate "
+                                  f"{'-' if pr is None else f'{pr:,.0f}'}")
                     print(f"run {run + 1}/{args.runs} {lab:24s} {r['rate']:>12,.0f} ev/s  "
                           f"{r['seconds']:7.2f}s  cpu {r['cpu_s']:7.2f}s "
                           f"({1e6 * r['cpu_s'] / r['cpu_events']:.1f} us/ev)  rss {r['rss_kb'] / 1024:.0f} MiB  "

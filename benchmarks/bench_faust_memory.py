@@ -7,7 +7,7 @@ key list, so every key appears and, with fewer keys, repeatedly), then
 - (b) the Faust Table worker (benchmarks/faust_baseline_worker.py ``--mode table``: one
   ``(score, last_ms)`` entry per key in the memory store, changelogged) and
 - (c) ``grudge-stream worker abuse_scores`` (levels 4, cells_per_level 100000,
-  checkpoint_interval_s 5, emit_scores crossings; ``--drain`` picks the drain setting)
+  checkpoint_interval_s 5, emit_scores crossings; once per ``--drains`` setting)
 
 each read the whole topic once; when the last record has been processed the worker's
 VmRSS (and its peak, VmHWM) is read from /proc/PID/status — by the worker itself for
@@ -43,18 +43,20 @@ def main() -> int:
                     help="records per topic (raised to the key count when smaller)")
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--variants", default="b,c")
-    ap.add_argument("--drain", default="auto", help="drain setting for (c): auto (batch if available), none, agent, batch")
+    ap.add_argument("--drains", default="auto",
+                    help="drain settings for (c): auto (every available), none, or e.g. agent,batch")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=None)
     args = ap.parse_args()
 
     key_counts = [int(k) for k in args.keys.split(",")]
     variants = [v.strip() for v in args.variants.split(",")]
-    if args.drain == "auto":
-        have = available_drains()
-        drain = "batch" if "batch" in have else None
+    if args.drains == "auto":
+        drains: list[str | None] = list(available_drains()) or [None]
+    elif args.drains == "none":
+        drains = [None]
     else:
-        drain = None if args.drain == "none" else args.drain
+        drains = [d.strip() for d in args.drains.split(",")]
     prefix = f"benchmem-{uuid.uuid4().hex[:6]}"
     rows = []
     la0 = loadavg()
@@ -73,22 +75,26 @@ def main() -> int:
                     topic, n = topics[k]
                     timeout = args.timeout or max(300.0, n / 1000.0)
                     for v in variants:
-                        rid = f"{prefix}-r{run}k{k}{v}"
-                        if v == "b":
-                            r = run_baseline("table", bs, topic, args.partitions, n, rid + "-app", timeout)
-                            label = "b Faust Table"
-                        elif v == "c":
-                            r = run_grudge(bs, topic, n, rid, drain, timeout, 0.25)
-                            label = f"c grudge drain={drain}" if drain else "c grudge"
-                        else:
-                            raise SystemExit(f"unknown variant {v!r}")
-                        row = {"variant": label, "keys": k, "records": n, "run": run,
-                               "rss_mib": r["rss_kb"] / 1024, "hwm_mib": r["hwm_kb"] / 1024,
-                               "rate": r["rate"], "seconds": r["seconds"]}
-                        rows.append(row)
-                        print(f"run {run + 1} {label:22s} keys {k:>11,} records {n:>11,}: RSS {row['rss_mib']:7.0f} MiB"
-                              f" (peak {row['hwm_mib']:.0f})  {r['rate']:,.0f} ev/s  load {loadavg()[0]:.2f}",
-                              flush=True)
+                        for drain in (drains if v == "c" else [None]):
+                            rid = f"{prefix}-r{run}k{k}{v}{drain or ''}"
+                            if v == "b":
+                                r = run_baseline("table", bs, topic, args.partitions, n, rid + "-app", timeout)
+                                label = "b Faust Table"
+                            elif v == "c":
+                                r = run_grudge(bs, topic, n, rid, drain, timeout, 0.25)
+                                label = f"c grudge drain={drain}" if drain else "c grudge"
+                            else:
+                                raise SystemExit(f"unknown variant {v!r}")
+                            row = {"variant": label, "keys": k, "records": n, "run": run,
+                                   "rss_mib": r["rss_kb"] / 1024, "hwm_mib": r["hwm_kb"] / 1024,
+                                   "rate": r["rate"], "seconds": r["seconds"],
+                                   "snapshots": r.get("snapshots"), "stalled_at": r.get("stalled_at")}
+                            rows.append(row)
+                            snap = "" if row["snapshots"] is None else f", {row['snapshots']} snapshots"
+                            print(f"run {run + 1} {label:22s} keys {k:>11,} records {n:>11,}: "
+                                  f"RSS {row['rss_mib']:7.0f} MiB (peak {row['hwm_mib']:.0f})  "
+                                  f"{r['rate']:,.0f} ev/s over {r['seconds']:.1f} s{snap}  load {loadavg()[0]:.2f}",
+                                  flush=True)
         finally:
             print(f"# deleted {delete_topics(bs, prefix)} topics {prefix}-*", flush=True)
 

@@ -10,7 +10,9 @@ product's own, in this very process. The only addition is a thin wrapper around
 points of every runtime and drain path): it notes the monotonic clock and the process CPU
 clock (all threads) when the first record arrives, counts the records handed in, and when
 the count reaches ``--expected`` writes the first/last times to ``--out``. Cost: two clock
-reads per batch call.
+reads per batch call. With ``--trace FILE`` it also writes one line per call (wall-clock
+start and end, partition, first and last offset, record count), which
+bench_alert_latency.py uses to split a latency into "until processed" and "after".
 
 Why not poll /metrics only: with the batch drain a whole backlog is processed with few
 returns to the event loop, so the web page answers late and a poll's timestamp says little
@@ -33,8 +35,26 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--expected", type=int, required=True)
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="append one line per process call: wall_start wall_end partition first_offset "
+                         "last_offset records (for latency breakdowns)")
+    ap.add_argument("--fetch-max-wait-ms", type=int, default=None,
+                    help="experiment: override the fetch.max.wait.ms that faust-streaming 0.15.3 hardcodes "
+                         "(1500) for its aiokafka consumer")
     args = ap.parse_args(argv[:i])
     cli_args = argv[i + 1:]
+
+    if args.fetch_max_wait_ms is not None:
+        from faust.transport.drivers import aiokafka as faust_aiokafka
+
+        orig_create = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
+
+        def create_worker_consumer(self, transport):
+            consumer = orig_create(self, transport)
+            consumer._fetch_max_wait_ms = args.fetch_max_wait_ms  # read when the fetcher starts
+            return consumer
+
+        faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer
 
     from grudge_stream import partitions
 
@@ -63,12 +83,22 @@ def main() -> int:
             tmp.write_text(json.dumps(result))
             tmp.replace(args.out)
 
+    trace = open(args.trace, "a", buffering=1) if args.trace is not None else None
+    wall = time.time
+
+    def traced(slot, first_off, last_off, n, t0) -> None:
+        if trace is not None and n:
+            trace.write(f"{t0:.6f} {wall():.6f} {slot.partition} {first_off} {last_off} {n}\n")
+
     orig_process = partitions.PartitionSlot.process
     orig_columns = getattr(partitions.PartitionSlot, "process_columns", None)
 
     def process(self, records):
         before()
+        t0 = wall()
         out = orig_process(self, records)
+        if records:
+            traced(self, records[0].offset, records[-1].offset, len(records), t0)
         after(len(records))
         return out
 
@@ -76,7 +106,10 @@ def main() -> int:
     if orig_columns is not None:
         def process_columns(self, topic, offsets, *rest, **kw):
             before()
+            t0 = wall()
             out = orig_columns(self, topic, offsets, *rest, **kw)
+            if len(offsets):
+                traced(self, offsets[0], offsets[-1], len(offsets), t0)
             after(len(offsets))
             return out
 
