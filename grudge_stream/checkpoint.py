@@ -146,6 +146,26 @@ class RestoreResult:
     manifest: Manifest | None = None
 
 
+_RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+    """``(low, high)`` offsets of a partition, retrying the transient errors of a topic that was
+    just created or whose leader is moving."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()),
+                                                  cached=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _RETRIABLE or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 def manifest_key(operator_id: str, partition: int) -> bytes:
     return f"{operator_id}\x00{partition}".encode()
 
@@ -368,8 +388,7 @@ class CheckpointStore:
         own = consumer is None
         consumer = consumer or self._consumer()
         try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, sp),
-                                                       timeout=self.timeout_s, cached=False)
+            low, high = watermarks(consumer, TopicPartition(self.topic, sp), self.timeout_s)
             end = high
             while end > low:
                 start = max(low, end - self.scan_window)

@@ -114,7 +114,7 @@ class Progress:
 
 def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: Position,
            sink=None, write_snapshots: bool = False, from_snapshot: bool = False,
-           batch_size: int = 10_000, progress: bool = True, progress_stream: IO[str] | None = None,
+           batch_size: int = 2000, progress: bool = True, progress_stream: IO[str] | None = None,
            consumer_config: dict | None = None) -> ReplayReport:
     """Replay ``[start, end)`` of the topology's source topic through its operators."""
     topic = topology.source_topic
