@@ -207,6 +207,9 @@ class CheckpointStore:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "fetch.queue.backoff.ms": 1,
+            # Restores read up to the end of a partition, where the broker would otherwise hold
+            # each fetch for fetch.wait.max.ms (500 ms) waiting for more data.
+            "fetch.wait.max.ms": 10,
             "isolation.level": "read_committed",
             **(consumer_config or {}),
         }
@@ -360,7 +363,10 @@ class CheckpointStore:
         idle_since = time.monotonic()
         last_pos = start
         while True:
-            msgs = consumer.consume(num_messages=500, timeout=0.2)
+            # consume() waits until it has num_messages or the timeout passes: ask for no more
+            # than the range holds, and poll briefly (compacted or control offsets never come).
+            msgs = consumer.consume(num_messages=max(1, min(500, end - max(last_pos, start))),
+                                    timeout=0.05)
             for m in msgs:
                 if m.error():
                     if m.error().code() == KafkaError._PARTITION_EOF:
