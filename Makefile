@@ -8,13 +8,14 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-unit bench broker-start broker-stop broker-status demo clean
+.PHONY: help install test test-unit bench bench-kafka broker-start broker-stop broker-status demo clean
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV), start a local Kafka broker, run pytest"
 	@echo "make demo          local broker + abuse-score worker + traffic; prints the alerts as they arrive"
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
-	@echo "make bench         run every benchmark script in benchmarks/"
+	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
+	@echo "make bench-kafka   runtime benchmarks against a local broker (Faust, batch runtime, checkpoints, latency)"
 	@echo "make broker-start  start the local single-node KRaft broker (jars fetched with Maven on first use)"
 	@echo "make broker-stop   stop it"
 
@@ -35,12 +36,23 @@ test: install
 test-unit: install
 	$(BIN)/pytest tests/unit tests/property tests/golden
 
+DEMO_ARGS ?=
 demo: install
 	$(RUN_INSTALLED) grudge_stream.devkafka jars
-	$(BIN)/grudge-stream demo
+	$(BIN)/grudge-stream demo $(DEMO_ARGS)
 
+# Sketch benchmarks (no broker); the runtime ones need Kafka: `make bench-kafka`.
+SKETCH_BENCHES := bench_hash bench_score bench_countmin bench_bloom
+KAFKA_BENCHES  := bench_checkpoint bench_alert_latency bench_faust bench_faust_memory bench_batch
+BENCH_BROKER   := $(CURDIR)/.cache/kafka/bench
 bench: install
-	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+	@for b in $(SKETCH_BENCHES); do echo "== $$b"; (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/$$b.py") || exit 1; done
+
+bench-kafka: install
+	@export KAFKA_BOOTSTRAP_SERVERS=$${KAFKA_BOOTSTRAP_SERVERS:-$$($(RUN_INSTALLED) grudge_stream.devkafka start --dir "$(BENCH_BROKER)")}; \
+	status=0; for b in $(KAFKA_BENCHES); do [ -f benchmarks/$$b.py ] || continue; echo "== $$b"; \
+	  (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/$$b.py") || status=1; done; \
+	$(RUN_INSTALLED) grudge_stream.devkafka stop --dir "$(BENCH_BROKER)" >/dev/null 2>&1; exit $$status
 
 broker-start: install
 	$(RUN_INSTALLED) grudge_stream.devkafka start

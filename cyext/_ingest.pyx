@@ -17,19 +17,30 @@ def group_messages(list msgs):
     cdef dict out = {}
     cdef list errors = []
     cdef object m, cols, err
+    if not msgs:
+        return out, errors
+    # Unbound method descriptors: calling them skips creating a bound method per call.
+    cls = type(msgs[0])
+    m_error, m_partition, m_offset = cls.error, cls.partition, cls.offset
+    m_timestamp, m_key, m_value = cls.timestamp, cls.key, cls.value
+    cdef object last_p = None
+    cdef list offs = None, tss = None, keys = None, vals = None
     for m in msgs:
-        err = m.error()
+        err = m_error(m)
         if err is not None:
             errors.append(m)
             continue
-        p = m.partition()
-        cols = out.get(p)
-        if cols is None:
-            cols = out[p] = ([], [], [], [])
-        (<list>cols[0]).append(m.offset())
-        (<list>cols[1]).append(m.timestamp()[1])
-        (<list>cols[2]).append(m.key())
-        (<list>cols[3]).append(m.value())
+        p = m_partition(m)
+        if p != last_p:
+            cols = out.get(p)
+            if cols is None:
+                cols = out[p] = ([], [], [], [])
+            offs, tss, keys, vals = cols
+            last_p = p
+        offs.append(m_offset(m))
+        tss.append(m_timestamp(m)[1])
+        keys.append(m_key(m))
+        vals.append(m_value(m))
     return out, errors
 
 

@@ -12,7 +12,14 @@ from grudge_stream.exceptions import (
 )
 from grudge_stream.sketches.bloom import ForgettingBloom
 from grudge_stream.sketches.countmin import DecayingCountMin
-from grudge_stream.sketches.score import Exponential, Linear, NoDecay, Rotator, ScoreSketch, suggest_levels
+from grudge_stream.sketches.score import (
+    Exponential,
+    Linear,
+    NoDecay,
+    Rotator,
+    ScoreSketch,
+    suggest_levels,
+)
 
 __version__ = "0.1.0"
 

@@ -146,6 +146,26 @@ class RestoreResult:
     manifest: Manifest | None = None
 
 
+_RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+    """``(low, high)`` offsets of a partition, retrying the transient errors of a topic that was
+    just created or whose leader is moving."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()),
+                                                  cached=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _RETRIABLE or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 def manifest_key(operator_id: str, partition: int) -> bytes:
     return f"{operator_id}\x00{partition}".encode()
 
@@ -360,14 +380,15 @@ class CheckpointStore:
             if time.monotonic() > deadline:
                 raise CheckpointError(f"timed out reading {self.topic}[{sp}] at offset {pos.offset} (end {end})")
 
-    def read_manifest(self, operator_id: str, partition: int) -> Manifest | None:
+    def read_manifest(self, operator_id: str, partition: int,
+                      consumer: Consumer | None = None) -> Manifest | None:
         """The newest manifest of (operator, partition), scanning backwards from the end."""
         sp = self.snapshot_partition(partition)
         key = manifest_key(operator_id, partition)
-        consumer = self._consumer()
+        own = consumer is None
+        consumer = consumer or self._consumer()
         try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, sp),
-                                                       timeout=self.timeout_s, cached=False)
+            low, high = watermarks(consumer, TopicPartition(self.topic, sp), self.timeout_s)
             end = high
             while end > low:
                 start = max(low, end - self.scan_window)
@@ -386,14 +407,17 @@ class CheckpointStore:
                 end = start
             return None
         finally:
-            consumer.close()
+            if own:
+                consumer.close()
 
-    def load_ref(self, operator_id: str, partition: int, ref: SnapshotRef) -> bytes:
+    def load_ref(self, operator_id: str, partition: int, ref: SnapshotRef,
+                 consumer: Consumer | None = None) -> bytes:
         """Fetch and verify the chunks of one generation; SnapshotError if anything is off."""
         sp = self.snapshot_partition(partition)
         want = {off: i for i, off in enumerate(ref.offsets)}
         parts: list[bytes | None] = [None] * len(ref.offsets)
-        consumer = self._consumer()
+        own = consumer is None
+        consumer = consumer or self._consumer()
         try:
             for m in self._read_range(consumer, sp, min(want), max(want) + 1):
                 i = want.get(m.offset())
@@ -403,7 +427,8 @@ class CheckpointStore:
                     raise SnapshotError(f"chunk {i} of generation {ref.generation} was compacted away")
                 parts[i] = self._check_chunk(m.value(), ref, i)
         finally:
-            consumer.close()
+            if own:
+                consumer.close()
         if any(p is None for p in parts):
             raise SnapshotError(f"chunks of generation {ref.generation} are missing (compacted or truncated)")
         blob = b"".join(parts)  # type: ignore[arg-type]
@@ -431,24 +456,28 @@ class CheckpointStore:
         returned in ``refused``. ``blob`` is None when nothing usable was found.
         """
         result = RestoreResult(None, None)
-        manifest = self.read_manifest(operator_id, partition)
-        result.manifest = manifest
-        if manifest is None:
+        consumer = self._consumer()  # one reader for the manifest and the chunks
+        try:
+            manifest = self.read_manifest(operator_id, partition, consumer)
+            result.manifest = manifest
+            if manifest is None:
+                return result
+            for ref in (manifest.current, manifest.previous):
+                if ref is None:
+                    continue
+                try:
+                    blob = self.load_ref(operator_id, partition, ref, consumer)
+                    if accept is not None:
+                        accept(ref, blob)
+                except (SnapshotError, ValueError) as exc:
+                    log.error("refusing snapshot generation %d of %s[%d] (next_offset %s): %s",
+                              ref.generation, operator_id, partition, ref.next_offset, exc)
+                    result.refused.append((ref.generation, str(exc)))
+                    continue
+                result.blob, result.ref = blob, ref
+                self._last[(operator_id, partition)] = (manifest.current.generation, ref)
+                return result
+            self._last[(operator_id, partition)] = (manifest.current.generation, None)
             return result
-        for ref in (manifest.current, manifest.previous):
-            if ref is None:
-                continue
-            try:
-                blob = self.load_ref(operator_id, partition, ref)
-                if accept is not None:
-                    accept(ref, blob)
-            except (SnapshotError, ValueError) as exc:
-                log.error("refusing snapshot generation %d of %s[%d] (next_offset %s): %s",
-                          ref.generation, operator_id, partition, ref.next_offset, exc)
-                result.refused.append((ref.generation, str(exc)))
-                continue
-            result.blob, result.ref = blob, ref
-            self._last[(operator_id, partition)] = (manifest.current.generation, ref)
-            return result
-        self._last[(operator_id, partition)] = (manifest.current.generation, None)
-        return result
+        finally:
+            consumer.close()

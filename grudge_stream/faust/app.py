@@ -31,7 +31,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 
 from grudge_stream._cyext._ingest import group_records
-from grudge_stream.checkpoint import CheckpointStore
+from grudge_stream.checkpoint import CheckpointStore, watermarks
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.outputs import OutputPublisher
@@ -171,7 +171,7 @@ class FaustRuntime:
 
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "grudge-watermarks"})
         try:
-            low, _ = c.get_watermark_offsets(CKTopicPartition(self.topology.source_topic, partition), timeout=30)
+            low, _ = watermarks(c, CKTopicPartition(self.topology.source_topic, partition))
             return low
         finally:
             c.close()

@@ -9,12 +9,12 @@ twice within its memory window.
 """
 from __future__ import annotations
 
-from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.stateful import BloomOperator
 
 
-class DedupOperator(Operator):
+class DedupOperator(BloomOperator):
     kind = "dedup"
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
@@ -25,7 +25,6 @@ class DedupOperator(Operator):
         from grudge_stream import ForgettingBloom
 
         self.bloom_config = dict(bloom)
-        self._cls = ForgettingBloom
         self.bloom = ForgettingBloom(**self.bloom_config)
         self.counters.update(forwarded=0, duplicates=0)
 
@@ -39,18 +38,3 @@ class DedupOperator(Operator):
             out.append(OutputRecord("forward", rec.key, rec.value if rec.value is not None else b""))
         else:
             self.counters["duplicates"] += 1
-
-    def state_sections(self) -> list[tuple[str, bytes]]:
-        return [("bloom", self.bloom.to_bytes())]
-
-    def load_sections(self, sections: dict, scalars: dict) -> None:
-        bloom = self._cls.from_bytes(bytes(sections["bloom"]))
-        if bloom.config != self.bloom.config:
-            raise ValueError("bloom section was written under another configuration")
-        self.bloom = bloom
-
-    def memory_bytes(self) -> int:
-        return self.bloom.memory_bytes()
-
-    def sketch_bytes(self) -> bytes:
-        return self.bloom.to_bytes()

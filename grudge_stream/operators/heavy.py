@@ -14,12 +14,12 @@ import json
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import AlertLatch, key_fields
-from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.stateful import SketchAlertOperator
 
 
-class HeavyHitterOperator(Operator):
+class HeavyHitterOperator(SketchAlertOperator):
     kind = "heavy_hitters"
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
@@ -37,7 +37,6 @@ class HeavyHitterOperator(Operator):
             raise ConfigError("top_k must be >= 0")
         self.sketch_config = dict(sketch)
         self.top_k = int(top_k)
-        self._cls = DecayingCountMin
         self.sketch = DecayingCountMin(**self.sketch_config, top_k=self.top_k)
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.report_interval_ms = int(report_interval_ms)
@@ -79,31 +78,9 @@ class HeavyHitterOperator(Operator):
             self.counters["reports"] += 1
             out.append(OutputRecord("reports", None, json.dumps(body, separators=(",", ":")).encode()))
 
-    def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
-               out: list[OutputRecord]) -> None:
-        self.counters["alerts_" + state] += 1
-        out.append(OutputRecord("alerts", key, self.latch.make_alert(
-            operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
-            topic=rec.topic, partition=rec.partition, offset=rec.offset)))
-
-    def state_sections(self) -> list[tuple[str, bytes]]:
-        return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
-
     def state_scalars(self) -> dict:
-        return {"next_report": self._next_report, "latch_evictions": self.latch.evictions}
+        return {**super().state_scalars(), "next_report": self._next_report}
 
     def load_sections(self, sections: dict, scalars: dict) -> None:
-        sketch = self._cls.from_bytes(bytes(sections["sketch"]))
-        if sketch.config != self.sketch.config:
-            raise ConfigError("sketch section was written under another sketch configuration")
-        latch = AlertLatch(self.latch.raise_at, self.latch.clear_at, self.latch.capacity)
-        latch.load(bytes(sections["latch"]))
-        latch.evictions = int(scalars.get("latch_evictions", 0))
-        self.sketch, self.latch = sketch, latch
+        super().load_sections(sections, scalars)
         self._next_report = scalars.get("next_report")
-
-    def memory_bytes(self) -> int:
-        return self.sketch.memory_bytes()
-
-    def sketch_bytes(self) -> bytes:
-        return self.sketch.to_bytes()

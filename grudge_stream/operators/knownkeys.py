@@ -21,14 +21,14 @@ from __future__ import annotations
 import json
 
 from grudge_stream.operators.alerts import key_fields
-from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.stateful import BloomOperator
 
 EVENTS = {"seen": 0.0, "accepted": 1.0, "rejected": 2.0}
 
 
-class KnownKeyOperator(Operator):
+class KnownKeyOperator(BloomOperator):
     kind = "known_keys"
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
@@ -39,7 +39,6 @@ class KnownKeyOperator(Operator):
         from grudge_stream import ForgettingBloom
 
         self.bloom_config = dict(bloom)
-        self._cls = ForgettingBloom
         self.bloom = ForgettingBloom(**self.bloom_config)
         self.counters.update(checks=0, skipped=0, accepted=0, rejected=0)
 
@@ -64,18 +63,3 @@ class KnownKeyOperator(Operator):
             body = {"operator": self.operator_id, **key_fields(ev.key), "event_time_ms": now_ms,
                     "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
             out.append(OutputRecord("checks", ev.key, json.dumps(body, separators=(",", ":")).encode()))
-
-    def state_sections(self) -> list[tuple[str, bytes]]:
-        return [("bloom", self.bloom.to_bytes())]
-
-    def load_sections(self, sections: dict, scalars: dict) -> None:
-        bloom = self._cls.from_bytes(bytes(sections["bloom"]))
-        if bloom.config != self.bloom.config:
-            raise ValueError("bloom section was written under another configuration")
-        self.bloom = bloom
-
-    def memory_bytes(self) -> int:
-        return self.bloom.memory_bytes()
-
-    def sketch_bytes(self) -> bytes:
-        return self.bloom.to_bytes()

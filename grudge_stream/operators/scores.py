@@ -23,18 +23,22 @@ from typing import Any
 import numpy as np
 
 from grudge_stream._cyext import _ingest
-
-from grudge_stream.exceptions import ConfigError, SnapshotError
+from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import AlertLatch, key_fields
-from grudge_stream.operators.base import Operator
-from grudge_stream.operators.codec import CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, Event, EventCodec
+from grudge_stream.operators.codec import (
+    CACHE_MAX_ENTRIES,
+    CACHE_MAX_VALUE_BYTES,
+    Event,
+    EventCodec,
+)
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms
+from grudge_stream.operators.stateful import SketchAlertOperator
 
 EMIT_MODES = ("none", "crossings", "every")
 
 
-class FeedbackScoreOperator(Operator):
+class FeedbackScoreOperator(SketchAlertOperator):
     kind = "feedback_scores"
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
@@ -120,7 +124,7 @@ class FeedbackScoreOperator(Operator):
             self.watermark = int(now[-1])
             self.counters["events"] += n
             self.counters["late"] += late
-            ev_keys = [keys[i] for i in idx.tolist()]
+            ev_keys = keys[start:] if (not bad and n == len(keys) - start) else [keys[i] for i in idx.tolist()]
             hashes = self.sketch.key_hashes(ev_keys)
             seq = [1]
             pos = 0
@@ -181,36 +185,14 @@ class FeedbackScoreOperator(Operator):
         for key, score in self.latch.sweep(lambda k: sketch.query(k, now_ms=now_ms)):
             self._alert(key, "cleared", score, now_ms, rec, out)
 
-    def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
-               out: list[OutputRecord]) -> None:
-        self.counters["alerts_" + state] += 1
-        out.append(OutputRecord("alerts", key, self.latch.make_alert(
-            operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
-            topic=rec.topic, partition=rec.partition, offset=rec.offset)))
-
     # -- state ----------------------------------------------------------------------------------
 
-    def state_sections(self) -> list[tuple[str, bytes]]:
-        return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
-
     def state_scalars(self) -> dict:
-        return {"next_sweep": self._next_sweep, "latch_evictions": self.latch.evictions}
+        return {**super().state_scalars(), "next_sweep": self._next_sweep}
 
     def load_sections(self, sections: dict, scalars: dict) -> None:
-        sketch = type(self.sketch).from_bytes(bytes(sections["sketch"]))
-        if sketch.config != self.sketch.config:
-            raise SnapshotError("sketch section was written under another sketch configuration")
-        latch = AlertLatch(self.latch.raise_at, self.latch.clear_at, self.latch.capacity)
-        latch.load(bytes(sections["latch"]))
-        latch.evictions = int(scalars.get("latch_evictions", 0))
-        self.sketch, self.latch = sketch, latch
+        super().load_sections(sections, scalars)
         self._next_sweep = scalars.get("next_sweep")
-
-    def memory_bytes(self) -> int:
-        return self.sketch.memory_bytes()
-
-    def sketch_bytes(self) -> bytes:
-        return self.sketch.to_bytes()
 
 
 def _score_record(operator_id: str, key: bytes, score: float, now_ms: int, rec: SourceRecord,

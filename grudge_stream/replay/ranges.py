@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 
 from confluent_kafka import Consumer, TopicPartition
 
+from grudge_stream.checkpoint import watermarks
 from grudge_stream.exceptions import ConfigError
 
 
@@ -67,8 +68,7 @@ def parse_position(text: str) -> Position:
 def resolve(consumer: Consumer, topic: str, partitions: list[int], pos: Position,
             timeout: float = 30.0) -> dict[int, int]:
     """Offsets of ``pos`` in each partition."""
-    marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
-             for p in partitions}
+    marks = {p: watermarks(consumer, TopicPartition(topic, p), timeout) for p in partitions}
     if pos.kind == "earliest":
         return {p: lo for p, (lo, _) in marks.items()}
     if pos.kind == "now":

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import base64
 import json
-from bisect import bisect_left
 import logging
 import sys
 import time
 import uuid
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.replay.ranges import Position, resolve, topic_partitions
 from grudge_stream.topology import Topology
@@ -114,7 +114,7 @@ class Progress:
 
 def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: Position,
            sink=None, write_snapshots: bool = False, from_snapshot: bool = False,
-           batch_size: int = 10_000, progress: bool = True, progress_stream: IO[str] | None = None,
+           batch_size: int = 2000, progress: bool = True, progress_stream: IO[str] | None = None,
            consumer_config: dict | None = None) -> ReplayReport:
     """Replay ``[start, end)`` of the topology's source topic through its operators."""
     topic = topology.source_topic

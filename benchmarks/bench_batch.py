@@ -1,0 +1,209 @@
+"""Batch runtime throughput against a real broker, side by side in one run.
+
+Produces N events (default 10M) over K distinct keys (default 1M) into an 8-partition
+topic once, then, interleaved over --runs rounds:
+
+  consume   a bare tuned confluent-kafka consume() loop that only counts
+  batch     `grudge-stream worker abuse_scores --runtime batch` (snapshots every 5 s,
+            outputs on threshold crossings), throughput from its /metrics
+  faust     the same topology on the Faust runtime (lean drain), only with --faust
+  eos       the batch runtime with exactly_once=true, only with --eos
+
+and once: `replay` of all N events with snapshot writing (wall time and rate).
+
+Run: .venv/bin/python benchmarks/bench_batch.py [--events 10000000] [--keys 1000000] [--runs 3]
+Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_stream.devkafka start`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+import numpy as np
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import emit  # noqa: E402
+
+from grudge_stream.devkafka import free_port  # noqa: E402
+from grudge_stream.replay.ranges import Position  # noqa: E402
+from grudge_stream.replay.runner import FAST_CONSUMER, replay  # noqa: E402
+from grudge_stream.topology import Settings, load_topology  # noqa: E402
+
+PARTS = 8
+
+
+def produce(bs: str, topic: str, n: int, keys: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bs})
+    admin.create_topics([NewTopic(topic, PARTS, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
+                  "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_000_000})
+    rng = np.random.default_rng(1)
+    ks = rng.integers(0, keys, size=n)
+    bad_draw = rng.random(n)
+    names = [b"client-%08d" % i for i in range(keys)]
+    bad, good = b'{"outcome":"bad"}', b'{"outcome":"good"}'
+    t0 = int(time.time() * 1000) - 3_600_000
+    for i in range(n):
+        k = int(ks[i])
+        v = bad if (k % 5000 == 0 and bad_draw[i] < 0.9) or bad_draw[i] < 0.02 else good
+        while True:
+            try:
+                p.produce(topic, key=names[k], value=v, partition=k % PARTS, timestamp=t0 + i // 2000)
+                break
+            except BufferError:
+                p.poll(0.005)
+    p.flush(120)
+
+
+def bare_consume(bs: str, topic: str, n: int) -> float:
+    c = Consumer({"bootstrap.servers": bs, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", **FAST_CONSUMER})
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTS)])
+    got = 0
+    t0 = None
+    while got < n:
+        msgs = c.consume(10_000, timeout=1.0)
+        if msgs and t0 is None:
+            t0 = time.perf_counter()
+        for m in msgs:
+            if m.error() is None:
+                got += 1
+    dt = time.perf_counter() - t0
+    c.close()
+    return n / dt
+
+
+def _events_total(port: int) -> float:
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(x) for x in re.findall(r'^grudge_events_total\{[^}]*\} ([0-9.e+]+)$', body, re.M))
+
+
+CHECKPOINT_INTERVAL = "5"
+
+
+def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir: str) -> tuple[float, float]:
+    run = uuid.uuid4().hex[:8]
+    port = free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "grudge-stream")
+    sets = {"source_topic": topic, "app_name": f"bench-{run}", "operator_id": f"bench-{run}",
+            "alerts_topic": f"bench-{run}-alerts", "scores_topic": f"bench-{run}-scores",
+            "dead_letter_topic": f"bench-{run}-dlq", "snapshot_topic": f"bench-{run}-snap",
+            "checkpoint_interval_s": CHECKPOINT_INTERVAL, **extra}
+    cmd = [exe, "worker", "abuse_scores", "--bootstrap-servers", bs, "--web-port", str(port),
+           "--runtime", runtime, "--loglevel", "warning"]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    log = open(os.path.join(workdir, f"worker-{run}.log"), "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        t_first = None
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            v = _events_total(port)
+            now = time.perf_counter()
+            if v > 0 and t_first is None:
+                t_first, v_first = now, v
+            if v >= n:
+                cpu = _cpu_seconds(proc.pid)
+                return (n - v_first) / (now - t_first), cpu
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}; see {log.name}")
+            time.sleep(0.05)
+        raise RuntimeError("worker did not finish")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--faust", action="store_true", help="also run the Faust runtime (slow at 10M)")
+    ap.add_argument("--eos", action="store_true", help="also run the exactly-once batch runtime")
+    ap.add_argument("--checkpoint-interval", type=float, default=5.0)
+    args = ap.parse_args()
+    global CHECKPOINT_INTERVAL
+    CHECKPOINT_INTERVAL = str(args.checkpoint_interval)
+    bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bs:
+        sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_stream.devkafka start)")
+    topic = f"bench-batch-{uuid.uuid4().hex[:8]}"
+    t0 = time.time()
+    produce(bs, topic, args.events, args.keys)
+    print(f"produced {args.events} events over {args.keys} keys in {time.time() - t0:.1f}s", flush=True)
+    workdir = tempfile.mkdtemp(prefix="bench-batch-")
+    modes = ["consume", "batch"] + (["eos"] if args.eos else []) + (["faust"] if args.faust else [])
+    res: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(args.runs):
+        for m in modes:
+            if m == "consume":
+                res[m].append(bare_consume(bs, topic, args.events))
+            elif m == "batch":
+                rate, c = worker_rate(bs, topic, args.events, "batch", {}, workdir)
+                res[m].append(rate)
+                cpu[m].append(c)
+            elif m == "eos":
+                rate, c = worker_rate(bs, topic, args.events, "batch",
+                                      {"exactly_once": "true", "group_instance_id": f"eos-{r}"}, workdir)
+                res[m].append(rate)
+                cpu[m].append(c)
+            elif m == "faust":
+                rate, c = worker_rate(bs, topic, args.events, "faust", {}, workdir)
+                res[m].append(rate)
+                cpu[m].append(c)
+            print(f"run {r + 1} {m:8s} {res[m][-1]:>12,.0f} events/s  (load {os.getloadavg()[0]:.2f})", flush=True)
+    topology = load_topology("abuse_scores", Settings({"source_topic": topic, "operator_id": f"replay-{topic}",
+                                                       "snapshot_topic": f"{topic}-replay-snap"}, environ={}))
+    from grudge_stream.topics import ensure_topology_topics
+
+    ensure_topology_topics(topology, bs)
+    rep = replay(topology, bs, start=Position("earliest"), end=Position("now"), sink=None,
+                 write_snapshots=True, progress=False)
+    med = {m: statistics.median(v) for m, v in res.items()}
+    print(f"\n{'mode':10s} {'median events/s':>16s}   runs")
+    for m in modes:
+        print(f"{m:10s} {med[m]:>16,.0f}   {', '.join(f'{x:,.0f}' for x in res[m])}")
+    print(f"replay with snapshots: {rep.records:,} records in {rep.seconds:.2f}s = {rep.rate:,.0f}/s")
+    print(f"batch / consume = {med['batch'] / med['consume']:.2f} (target >= 0.6); "
+          f"batch >= 1M/s: {med['batch'] >= 1e6}")
+    if "faust" in med:
+        print(f"batch / faust = {med['batch'] / med['faust']:.1f} (target >= 20)")
+    if "eos" in med:
+        print(f"exactly-once / batch = {med['eos'] / med['batch']:.2f}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    emit({"bench": "batch", "events": args.events, "keys": args.keys, "runs": args.runs,
+          **{f"{m}_events_per_s": round(v) for m, v in med.items()},
+          **{f"{m}_worker_cpu_s": round(statistics.median(v), 2) for m, v in cpu.items() if v},
+          "replay_seconds": round(rep.seconds, 2), "replay_events_per_s": round(rep.rate)})
+
+
+if __name__ == "__main__":
+    main()

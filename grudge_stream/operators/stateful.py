@@ -1,0 +1,65 @@
+"""State shared by several operators: a sketch with an alert latch, or a forgetting Bloom."""
+from __future__ import annotations
+
+from typing import Any
+
+from grudge_stream.operators.alerts import AlertLatch
+from grudge_stream.operators.base import Operator
+from grudge_stream.operators.records import OutputRecord, SourceRecord
+
+
+class SketchAlertOperator(Operator):
+    """An operator whose state is one sketch (``self.sketch``) and an alert latch (``self.latch``)."""
+
+    sketch: Any
+    latch: AlertLatch
+
+    def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
+               out: list[OutputRecord]) -> None:
+        self.counters["alerts_" + state] += 1
+        out.append(OutputRecord("alerts", key, self.latch.make_alert(
+            operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
+            topic=rec.topic, partition=rec.partition, offset=rec.offset)))
+
+    def state_sections(self) -> list[tuple[str, bytes]]:
+        return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
+
+    def state_scalars(self) -> dict:
+        return {"latch_evictions": self.latch.evictions}
+
+    def load_sections(self, sections: dict, scalars: dict) -> None:
+        """Build the new sketch and latch first; adopt them only when both are valid."""
+        sketch = type(self.sketch).from_bytes(bytes(sections["sketch"]))
+        if sketch.config != self.sketch.config:
+            raise ValueError("sketch section was written under another sketch configuration")
+        latch = AlertLatch(self.latch.raise_at, self.latch.clear_at, self.latch.capacity)
+        latch.load(bytes(sections["latch"]))
+        latch.evictions = int(scalars.get("latch_evictions", 0))
+        self.sketch, self.latch = sketch, latch
+
+    def memory_bytes(self) -> int:
+        return self.sketch.memory_bytes()
+
+    def sketch_bytes(self) -> bytes:
+        return self.sketch.to_bytes()
+
+
+class BloomOperator(Operator):
+    """An operator whose state is one ``ForgettingBloom`` (``self.bloom``)."""
+
+    bloom: Any
+
+    def state_sections(self) -> list[tuple[str, bytes]]:
+        return [("bloom", self.bloom.to_bytes())]
+
+    def load_sections(self, sections: dict, scalars: dict) -> None:
+        bloom = type(self.bloom).from_bytes(bytes(sections["bloom"]))
+        if bloom.config != self.bloom.config:
+            raise ValueError("bloom section was written under another configuration")
+        self.bloom = bloom
+
+    def memory_bytes(self) -> int:
+        return self.bloom.memory_bytes()
+
+    def sketch_bytes(self) -> bytes:
+        return self.bloom.to_bytes()
