@@ -24,8 +24,18 @@ output producer (linger 5 ms) and this consumer's fetch; and whatever the worker
 doing when the event arrives — notably a checkpoint round every 5 s, during which the
 agent does not process records.
 
-    .venv/bin/python benchmarks/bench_alert_latency.py                       # 3 x 40 s per drain
-    .venv/bin/python benchmarks/bench_alert_latency.py --rate 5000 --seconds 120 --drains batch
+Modes (``--modes``, comma separated; each may carry ``@<checkpoint seconds>``):
+
+  faust-agent   the Faust runtime, ``drain=agent`` (one Faust event per record)
+  faust-lean    the Faust runtime, ``drain=batch`` (whole fetches to the operators)
+  batch         ``--runtime batch`` (confluent-kafka), at-least-once outputs
+  batch-eos     ``--runtime batch`` with ``exactly_once=true``: outputs become visible when
+                the checkpoint's transaction commits, so ``batch-eos@1`` (checkpoints every
+                second) shows what a shorter interval buys
+
+    .venv/bin/python benchmarks/bench_alert_latency.py                       # 3 x 40 s per mode
+    .venv/bin/python benchmarks/bench_alert_latency.py --modes batch,batch-eos,batch-eos@1
+    .venv/bin/python benchmarks/bench_alert_latency.py --rate 5000 --seconds 120 --modes faust-lean
 """
 from __future__ import annotations
 
@@ -43,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_faust import available_drains, grudge_settings  # noqa: E402
+from bench_faust import grudge_settings  # noqa: E402
 from common import emit  # noqa: E402
 from kafkabench import (BAD, GOOD, Proc, broker, delete_topics, free_port, grudge_worker_cmd,  # noqa: E402
                         http_get, loadavg, metric_samples, metrics_sum, scratch_dir)
@@ -65,9 +75,10 @@ class AlertReader(threading.Thread):
         super().__init__(daemon=True)
         from confluent_kafka import Consumer, TopicPartition
 
+        # read_committed: with exactly_once an alert counts when its transaction commits.
         self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-alerts-{uuid.uuid4().hex[:6]}",
                            "enable.auto.commit": False, "fetch.wait.max.ms": 5, "fetch.queue.backoff.ms": 1,
-                           "fetch.min.bytes": 1})
+                           "fetch.min.bytes": 1, "isolation.level": "read_committed"})
         self.c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.got: list[tuple[float, dict]] = []
         self.stopping = threading.Event()
@@ -84,9 +95,28 @@ class AlertReader(threading.Thread):
             self.c.close()
 
 
-def run_once(bs: str, drain: str | None, args, prefix: str) -> dict:
-    rid = f"{prefix}-{drain or 'default'}"
-    settings = grudge_settings(rid, f"{rid}-events", drain, {"checkpoint_interval_s": args.checkpoint_s})
+MODES = {  # name -> (runtime, faust drain, extra settings)
+    "faust-agent": ("faust", "agent", {}),
+    "faust-lean": ("faust", "batch", {}),
+    "batch": ("batch", None, {}),
+    "batch-eos": ("batch", None, {"exactly_once": "true"}),
+}
+
+
+def parse_mode(mode: str, default_checkpoint_s: float) -> tuple[str, str | None, dict, float]:
+    name, _, cp = mode.partition("@")
+    if name not in MODES:
+        raise SystemExit(f"unknown mode {name!r}; known: {', '.join(MODES)}")
+    runtime, drain, extra = MODES[name]
+    return runtime, drain, dict(extra), float(cp) if cp else default_checkpoint_s
+
+
+def run_once(bs: str, mode: str, args, prefix: str) -> dict:
+    runtime, drain, extra, checkpoint_s = parse_mode(mode, args.checkpoint_s)
+    rid = f"{prefix}-{mode.replace('@', '-').replace('.', '_')}"
+    if extra.get("exactly_once"):
+        extra["group_instance_id"] = f"{rid}-w0"  # names the transactional id
+    settings = grudge_settings(rid, f"{rid}-events", drain, {"checkpoint_interval_s": checkpoint_s, **extra})
     topology = load_topology("abuse_scores", Settings({**{k: str(v) for k, v in settings.items()},
                                                        "bootstrap_servers": bs}, environ={}))
     ensure_topology_topics(topology, bs, partitions=args.partitions, create_source=True)
@@ -96,7 +126,7 @@ def run_once(bs: str, drain: str | None, args, prefix: str) -> dict:
     # The product's worker, run in-process by grudge_timed_worker.py so that every process
     # call is traced (wall clock, partition, offsets): latency splits into "until processed"
     # and "processed -> consumed".
-    cli = grudge_worker_cmd("abuse_scores", bs, port, settings)
+    cli = grudge_worker_cmd("abuse_scores", bs, port, settings, runtime=runtime)
     cmd = [sys.executable, str(Path(__file__).resolve().parent / "grudge_timed_worker.py"),
            "--out", str(work / "timing.json"), "--expected", str(10**15), "--trace", str(trace_path)]
     if args.fetch_max_wait_ms is not None:
@@ -173,7 +203,8 @@ def run_once(bs: str, drain: str | None, args, prefix: str) -> dict:
             time.sleep(0.001)
         cpu_share = (worker.cpu() - cpu0) / (time.monotonic() - mono0)
         producer.flush(30)
-        time.sleep(args.drain_s)
+        # Exactly-once alerts appear when the checkpoint's transaction commits.
+        time.sleep(max(args.drain_s, checkpoint_s + 2.0) if extra.get("exactly_once") else args.drain_s)
         text = http_get(port, "/metrics")[1]
         events = metrics_sum(text, "grudge_events_total")
         snaps = metrics_sum(text, "grudge_snapshot_duration_seconds_count")
@@ -230,7 +261,7 @@ def run_once(bs: str, drain: str | None, args, prefix: str) -> dict:
             to_proc_ms.append(pa[1] * 1000.0 - t_sent)
             after_ms.append((recv - pa[1]) * 1000.0)
     return {
-        "drain": drain, "abusers": n_abusers, "raised": len(lat_ms), "false_positives": false_pos,
+        "mode": mode, "abusers": n_abusers, "raised": len(lat_ms), "false_positives": false_pos,
         "unmatched": unmatched, "event_time_mismatch": mismatch, "background_events": produced,
         "worker_events": int(events), "snapshots": int(snaps), "snapshot_s_total": snap_s,
         "p50_ms": pct(lat_ms, 50), "p90_ms": pct(lat_ms, 90), "p99_ms": pct(lat_ms, 99),
@@ -248,7 +279,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=3000.0, help="background events/s")
     ap.add_argument("--seconds", type=float, default=40.0, help="traffic duration per run")
-    ap.add_argument("--runs", type=int, default=3, help="runs per drain setting (interleaved)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per mode (interleaved)")
     ap.add_argument("--population", type=int, default=50_000)
     ap.add_argument("--abusers-per-s", type=float, default=10.0)
     ap.add_argument("--burst", type=int, default=15)
@@ -257,33 +288,31 @@ def main() -> int:
     ap.add_argument("--tail-s", type=float, default=2.0)
     ap.add_argument("--drain-s", type=float, default=5.0, help="wait for late alerts after producing")
     ap.add_argument("--linger-ms", type=float, default=5.0)
-    ap.add_argument("--checkpoint-s", type=float, default=5.0)
+    ap.add_argument("--checkpoint-s", type=float, default=5.0, help="checkpoint interval unless a mode sets one")
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--fetch-max-wait-ms", type=int, default=None,
                     help="experiment: override the worker's aiokafka fetch.max.wait.ms (Faust hardcodes 1500)")
-    ap.add_argument("--drains", default="auto", help="auto (every available), none, or e.g. agent,batch")
+    ap.add_argument("--modes", default="faust-agent,faust-lean,batch,batch-eos,batch-eos@1",
+                    help=f"comma separated, from {', '.join(MODES)}; NAME@S sets the checkpoint interval")
     args = ap.parse_args()
 
-    if args.drains == "auto":
-        drains: list[str | None] = list(available_drains()) or [None]
-    elif args.drains == "none":
-        drains = [None]
-    else:
-        drains = [d.strip() for d in args.drains.split(",")]
+    modes = [d.strip() for d in args.modes.split(",") if d.strip()]
+    for d in modes:
+        parse_mode(d, args.checkpoint_s)
     prefix = f"benchlat-{uuid.uuid4().hex[:6]}"
     la0 = loadavg()
     rows = []
     with broker() as bs:
         try:
             for run in range(args.runs):
-                for d in drains:
+                for d in modes:
                     r = run_once(bs, d, args, f"{prefix}-r{run}")
                     r["run"] = run
                     r["load"] = loadavg()
                     lat = r.pop("latencies_ms")
                     r["_lat"] = lat
                     rows.append(r)
-                    print(f"run {run + 1}/{args.runs} drain={d}: {r['raised']}/{r['abusers']} alerts, "
+                    print(f"run {run + 1}/{args.runs} {d}: {r['raised']}/{r['abusers']} alerts, "
                           f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms "
                           f"(until processed p50/p99 {r['until_processed_p50_ms']:.1f}/"
                           f"{r['until_processed_p99_ms']:.1f} ms, processed -> consumed "
@@ -297,14 +326,14 @@ def main() -> int:
     print()
     print(f"alert latency (produce -> alert consumed), {args.rate:,.0f} background events/s over "
           f"{args.population:,} clients, {args.abusers_per_s:g} new abusers/s (burst of {args.burst} bad "
-          f"events {args.burst_gap_ms:g} ms apart), {args.seconds:g} s per run, {args.runs} run(s) per drain, "
-          f"{args.partitions} partitions, checkpoint every {args.checkpoint_s:g} s; "
+          f"events {args.burst_gap_ms:g} ms apart), {args.seconds:g} s per run, {args.runs} run(s) per mode, "
+          f"{args.partitions} partitions, checkpoint every {args.checkpoint_s:g} s unless a mode says @S; "
           f"load average before {la0} after {loadavg()}")
-    print(f"{'drain':10s} {'alerts':>9s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
+    print(f"{'mode':14s} {'alerts':>9s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
           f"{'false+':>7s}   (medians of per-run figures; pooled p50/p99 in brackets)")
     summary = {}
-    for d in drains:
-        sel = [r for r in rows if r["drain"] == d]
+    for d in modes:
+        sel = [r for r in rows if r["mode"] == d]
         pooled = [x for r in sel for x in r["_lat"]]
         m = {k: statistics.median(r[k] for r in sel)
              for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "until_processed_p50_ms", "until_processed_p99_ms",
@@ -314,12 +343,12 @@ def main() -> int:
         m["expected"] = sum(r["abusers"] for r in sel)
         m["false_positives"] = sum(r["false_positives"] for r in sel)
         summary[str(d)] = m
-        print(f"{str(d):10s} {m['alerts']:>4d}/{m['expected']:<4d} {m['p50_ms']:>8.1f} {m['p90_ms']:>8.1f} "
+        print(f"{str(d):14s} {m['alerts']:>4d}/{m['expected']:<4d} {m['p50_ms']:>8.1f} {m['p90_ms']:>8.1f} "
               f"{m['p99_ms']:>8.1f} {m['max_ms']:>8.1f} {m['false_positives']:>7d}   "
               f"[{m['pooled_p50_ms']:.1f} / {m['pooled_p99_ms']:.1f}]")
     print("split (medians of per-run p50 / p99): produce -> processed by the operator | processed -> alert consumed")
     for d, m in summary.items():
-        print(f"{d:10s} {m['until_processed_p50_ms']:8.1f} / {m['until_processed_p99_ms']:8.1f} ms   | "
+        print(f"{d:14s} {m['until_processed_p50_ms']:8.1f} / {m['until_processed_p99_ms']:8.1f} ms   | "
               f"{m['after_processed_p50_ms']:8.1f} / {m['after_processed_p99_ms']:8.1f} ms")
     emit({"bench": "alert_latency", "rate": args.rate, "seconds": args.seconds, "runs": args.runs,
           "abusers_per_s": args.abusers_per_s, "summary": summary,

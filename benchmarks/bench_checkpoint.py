@@ -12,8 +12,11 @@ records on a compacted topic, manifest last) and ``grudge_stream.partitions.rest
 - ``load``: ``operator.restore(blob)`` (envelope check, sketch and latch rebuilt);
 - ``restore_partition``: the runtime's whole restore of one partition with a fresh
   store (read, the probe restore that vets the snapshot, the real restore);
-- ``8 partitions``: one checkpoint round of a worker that owns all 8 partitions
-  (serialize + write for each, sequentially, as the runtime's checkpoint does).
+- ``checkpoint round``: one round of a worker that owns all 8 partitions, as the runtimes
+  do it (``partitions.checkpoint_slots``: ``CheckpointStore.write_many``, each blob
+  serialized while the previous one's chunks are sent, one wait for all chunks and one
+  for all manifests), beside the same round partition by partition (serialize, write,
+  wait, for each in turn).
 
 The operator is first fed ``--fill`` events over random keys so that the sketch cells are
 not all zero (an empty sketch compresses to nothing on the wire).
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit  # noqa: E402
 from kafkabench import BAD, BASE_TS_MS, GOOD, broker, client_keys, delete_topics, loadavg  # noqa: E402
 
-from grudge_stream.checkpoint import CheckpointStore  # noqa: E402
+from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite  # noqa: E402
 from grudge_stream.operators.records import SourceRecord  # noqa: E402
 from grudge_stream.partitions import restore_partition  # noqa: E402
 from grudge_stream.topology import Settings, load_topology  # noqa: E402
@@ -125,11 +128,20 @@ def main() -> int:
 
         rp_s, rp_samples, _ = timed(rp, args.runs)
 
-        def round_all():
+        def round_one_by_one():
             for o in ops:
                 write_one(o)
 
-        round_s, round_samples, _ = timed(round_all, max(3, args.runs // 2))
+        def round_together():
+            store.write_many(SnapshotWrite(op_id, o.partition, o.snapshot(), o.next_offset, o.watermark,
+                                           o.fingerprint, topology.source_topic, args.partitions) for o in ops)
+
+        seq_samples: list[float] = []
+        round_samples: list[float] = []
+        for _ in range(max(3, args.runs // 2)):  # interleaved: the machine is shared and noisy
+            seq_samples.append(timed(round_one_by_one, 1, warmup=0)[0])
+            round_samples.append(timed(round_together, 1, warmup=0)[0])
+        seq_s, round_s = statistics.median(seq_samples), statistics.median(round_samples)
         store.close()
         delete_topics(bs, prefix)
 
@@ -140,6 +152,7 @@ def main() -> int:
         ("load (operator.restore)", load_s, load_samples),
         ("restore_partition (fresh store)", rp_s, rp_samples),
         (f"checkpoint round, {args.partitions} partitions", round_s, round_samples),
+        ("checkpoint round, one by one", seq_s, seq_samples),
     ]
     print()
     print(f"snapshot of one partition: {args.levels} x {args.cells:,} ScoreSketch + latch, {size:,} bytes "

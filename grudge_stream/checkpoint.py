@@ -99,6 +99,30 @@ class SnapshotRef:
         )
 
 
+def _chunk_delivered(offsets: list, errors: list, index: int):
+    """A delivery callback noting where chunk ``index`` landed (or why it did not)."""
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            offsets[index] = msg.offset()
+    return on_delivery
+
+
+@dataclass(frozen=True)
+class SnapshotWrite:
+    """One snapshot to write: the blob and what its manifest records about it."""
+
+    operator_id: str
+    partition: int
+    blob: bytes
+    next_offset: int | None
+    watermark: int | None
+    fingerprint: str
+    source_topic: str
+    partition_count: int
+
+
 @dataclass
 class Manifest:
     operator_id: str
@@ -272,53 +296,78 @@ class CheckpointStore:
               watermark: int | None, fingerprint: str, source_topic: str,
               partition_count: int) -> SnapshotRef:
         """Write one snapshot generation; returns once the manifest is acknowledged."""
+        return self.write_many([SnapshotWrite(operator_id, partition, blob, next_offset, watermark, fingerprint,
+                                              source_topic, partition_count)])[0]
+
+    def write_many(self, writes: Iterable[SnapshotWrite]) -> list[SnapshotRef]:
+        """Write a snapshot generation for each of ``writes``, all in flight together.
+
+        Every chunk of every snapshot is produced first (``writes`` may be a generator: the
+        next blob is serialized while the previous one's chunks are sent), then one wait for
+        all their acknowledgements, then the manifests of the snapshots whose chunks all
+        landed, and one wait for those. A round of P partitions so waits twice instead of
+        2P times; each manifest is still written only after its own chunks are durable.
+        Returns the refs in the order of ``writes``; raises ``CheckpointError`` if any
+        snapshot was not written (the others are, and their refs are cached as the latest).
+        """
         producer = self._get_producer()
-        sp = self.snapshot_partition(partition)
-        cached = self._last.get((operator_id, partition))
-        if cached is None:
-            found = self.read_manifest(operator_id, partition)
-            cached = (found.current.generation, found.current) if found else (0, None)
-        latest_generation, prev = cached
-        generation = latest_generation + 1
-        # Never overwrite the chunks of the last good generation while writing the next one.
-        slot = (1 - prev.slot) if prev is not None else generation % 2
-        view = memoryview(blob)
-        count = max(1, -(-len(view) // self.chunk_bytes))
-        offsets: list[int | None] = [None] * count
-        errors: list[str] = []
-
-        def on_chunk(err, msg, index: int) -> None:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                offsets[index] = msg.offset()
-
-        for i in range(count):
-            data = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
-            head = _CHUNK.pack(CHUNK_MAGIC, generation, i, count, crc32c(data), len(data), 0)
-            self._produce(producer, sp, chunk_key(operator_id, partition, slot, i), head + bytes(data),
-                          lambda err, msg, i=i: on_chunk(err, msg, i))
-            if self.chunk_delay_s:
-                self._flush(producer)
-                time.sleep(self.chunk_delay_s)
+        pending: list[tuple[SnapshotWrite, int, int, SnapshotRef | None, list, list, int, int]] = []
+        for w in writes:
+            cached = self._last.get((w.operator_id, w.partition))
+            if cached is None:
+                found = self.read_manifest(w.operator_id, w.partition)
+                cached = (found.current.generation, found.current) if found else (0, None)
+            latest_generation, prev = cached
+            generation = latest_generation + 1
+            # Never overwrite the chunks of the last good generation while writing the next one.
+            slot = (1 - prev.slot) if prev is not None else generation % 2
+            view = memoryview(w.blob)
+            count = max(1, -(-len(view) // self.chunk_bytes))
+            offsets: list[int | None] = [None] * count
+            errors: list[str] = []
+            sp = self.snapshot_partition(w.partition)
+            for i in range(count):
+                data = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+                head = _CHUNK.pack(CHUNK_MAGIC, generation, i, count, crc32c(data), len(data), 0)
+                self._produce(producer, sp, chunk_key(w.operator_id, w.partition, slot, i), head + bytes(data),
+                              _chunk_delivered(offsets, errors, i))
+                if self.chunk_delay_s:
+                    self._flush(producer)
+                    time.sleep(self.chunk_delay_s)
+            pending.append((w, generation, slot, prev, offsets, errors, len(view), crc32c(view)))
         self._flush(producer)
-        if errors or any(o is None for o in offsets):
-            raise CheckpointError(f"snapshot chunks of {operator_id}[{partition}] not written: {errors}")
-        ref = SnapshotRef(
-            generation=generation, slot=slot, offsets=tuple(offsets), size=len(view), crc=crc32c(view),
-            next_offset=next_offset, watermark=watermark, fingerprint=fingerprint,
-            source_topic=source_topic, partition_count=partition_count,
-            written_ms=time.time_ns() // 1_000_000,
-        )
-        manifest = Manifest(operator_id, partition, ref, prev)
-        done: list = []
-        self._produce(producer, sp, manifest_key(operator_id, partition), manifest.encode(),
-                      lambda err, msg: done.append(err))
+        refs: list[SnapshotRef | None] = []
+        done: list[list] = []
+        failed: list[str] = []
+        for w, generation, slot, prev, offsets, errors, size, crc in pending:
+            if errors or any(o is None for o in offsets):
+                failed.append(f"chunks of {w.operator_id}[{w.partition}]: {errors or 'not acknowledged'}")
+                refs.append(None)
+                done.append([])
+                continue
+            ref = SnapshotRef(
+                generation=generation, slot=slot, offsets=tuple(offsets), size=size, crc=crc,
+                next_offset=w.next_offset, watermark=w.watermark, fingerprint=w.fingerprint,
+                source_topic=w.source_topic, partition_count=w.partition_count,
+                written_ms=time.time_ns() // 1_000_000,
+            )
+            acks: list = []
+            self._produce(producer, self.snapshot_partition(w.partition), manifest_key(w.operator_id, w.partition),
+                          Manifest(w.operator_id, w.partition, ref, prev).encode(),
+                          lambda err, msg, acks=acks: acks.append(err))
+            refs.append(ref)
+            done.append(acks)
         self._flush(producer)
-        if not done or done[0] is not None:
-            raise CheckpointError(f"snapshot manifest of {operator_id}[{partition}] not written: {done}")
-        self._last[(operator_id, partition)] = (generation, ref)
-        return ref
+        for (w, generation, *_), ref, acks in zip(pending, refs, done):
+            if ref is None:
+                continue
+            if not acks or acks[0] is not None:
+                failed.append(f"manifest of {w.operator_id}[{w.partition}]: {acks}")
+                continue
+            self._last[(w.operator_id, w.partition)] = (generation, ref)
+        if failed:
+            raise CheckpointError("snapshots not written: " + "; ".join(failed))
+        return refs  # type: ignore[return-value]
 
     def _produce(self, producer: Producer, partition: int, key: bytes, value: bytes, cb) -> None:
         while True:

@@ -13,7 +13,10 @@ class Metrics:
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
         self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
         self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)
-        self.snapshot_seconds = Histogram("grudge_snapshot_duration_seconds", "Snapshot write time", ["operator"],
+        self.snapshots = Counter("grudge_snapshots_total", "Snapshots written", lbl, registry=r)
+        self.snapshot_seconds = Histogram("grudge_snapshot_duration_seconds",
+                                          "Time of a checkpoint round: outputs flushed, every changed partition "
+                                          "snapshotted and written", ["operator"],
                                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.snapshot_time = Gauge("grudge_snapshot_timestamp_seconds", "Wall time of the last snapshot (age = now - this)", lbl, registry=r)
         self.restore_seconds = Gauge("grudge_restore_duration_seconds", "Time the last restore of a partition took", lbl, registry=r)

@@ -4,7 +4,8 @@ Both runtimes (Faust agents, the confluent-kafka batch runner) hold one
 ``PartitionSlot`` per assigned source partition and call the same three
 things: ``restore`` on assignment (blocking: run it in an executor from
 asyncio code), ``process`` for each batch of that partition's records, and
-``checkpoint`` on the checkpoint cadence, on revocation and on shutdown.
+``checkpoint`` on the checkpoint cadence, on revocation and on shutdown
+(``checkpoint_slots`` for a round over several partitions at once).
 
 Restore rules (docs/checkpoints.md):
 
@@ -27,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from grudge_stream.checkpoint import CheckpointStore, SnapshotRef
+from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
 from grudge_stream.exceptions import CheckpointError, PartitionCountChanged
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.base import Operator
@@ -153,20 +154,45 @@ class PartitionSlot:
 
     def checkpoint(self, store: CheckpointStore, publisher: OutputPublisher | None) -> SnapshotRef | None:
         """Flush outputs, then write a snapshot if anything changed since the last one."""
-        if not self.dirty:
-            return None
-        t0 = time.perf_counter()
-        if publisher is not None:
-            publisher.flush()
-        op = self.operator
-        blob = op.snapshot()
-        ref = store.write(op.operator_id, self.partition, blob, next_offset=op.next_offset,
-                          watermark=op.watermark, fingerprint=op.fingerprint,
-                          source_topic=self.topology.source_topic, partition_count=self.partition_count)
-        self.snapshotted_offset = op.next_offset
-        self.last_snapshot_wall = time.monotonic()
-        if self.metrics is not None:
-            self.metrics.snapshot_seconds.labels(op.operator_id).observe(time.perf_counter() - t0)
-            self.metrics.snapshot_bytes.labels(*self._labels).set(len(blob))
-            self.metrics.snapshot_time.labels(*self._labels).set(time.time())
-        return ref
+        refs = checkpoint_slots([self], store, publisher)
+        return refs[0] if refs else None
+
+
+def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
+                     publisher: OutputPublisher | None) -> list[SnapshotRef]:
+    """One checkpoint round: snapshot every dirty slot of ``slots``; the refs, in slot order.
+
+    Outputs are flushed once (a snapshot never covers an output that is not durable),
+    then ``CheckpointStore.write_many`` sends every partition's chunks together, each blob
+    serialized while the previous one's chunks are on their way. Afterwards each slot's
+    ``snapshotted_offset`` is what its snapshot covers: commit up to it.
+    """
+    dirty = [s for s in slots if s.dirty]
+    if not dirty:
+        return []
+    t0 = time.perf_counter()
+    if publisher is not None:
+        publisher.flush()
+    sizes: list[int] = []
+
+    def writes():
+        for slot in dirty:
+            op = slot.operator
+            blob = op.snapshot()
+            sizes.append(len(blob))
+            yield SnapshotWrite(op.operator_id, slot.partition, blob, op.next_offset, op.watermark,
+                                op.fingerprint, slot.topology.source_topic, slot.partition_count)
+
+    refs = store.write_many(writes())
+    now_wall, now_mono = time.time(), time.monotonic()
+    for slot, ref, size in zip(dirty, refs, sizes):
+        slot.snapshotted_offset = ref.next_offset
+        slot.last_snapshot_wall = now_mono
+        if slot.metrics is not None:
+            slot.metrics.snapshots.labels(*slot._labels).inc()
+            slot.metrics.snapshot_bytes.labels(*slot._labels).set(size)
+            slot.metrics.snapshot_time.labels(*slot._labels).set(now_wall)
+    metrics = dirty[0].metrics
+    if metrics is not None:
+        metrics.snapshot_seconds.labels(dirty[0].operator.operator_id).observe(time.perf_counter() - t0)
+    return refs

@@ -36,7 +36,7 @@ from grudge_stream.checkpoint import CheckpointStore, watermarks
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.outputs import OutputPublisher
-from grudge_stream.partitions import PartitionSlot, RestoreOutcome, restore_partition
+from grudge_stream.partitions import PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition
 from grudge_stream.topology import Settings, Topology
 
 log = logging.getLogger("grudge_stream.faust")
@@ -74,6 +74,18 @@ class CheckpointedConsumer(AIOKafkaConsumer):
         if runtime is not None:
             await runtime.position_partitions(self)
 
+    async def seek_from_consumer_thread(self, tp, offset: int) -> None:
+        """``seek``, run on the aiokafka consumer's own thread.
+
+        Faust's ``seek`` calls aiokafka from the event loop's thread while the consumer
+        thread may be inside ``fetched_records``; the two mutate the fetcher's buffers
+        unsynchronised (seen as a fetcher crash, ``KeyError`` in ``fetched_records``,
+        when a rebalance's seek met a fetch).
+        """
+        thread = self._thread
+        await thread.call_thread(thread._ensure_consumer().seek, tp, offset)
+        self._read_offset[tp] = offset
+
     def _filter_tps_with_pending_acks(self, topics=None):
         # Commits follow snapshots, not acks: offer every partition with a snapshot offset.
         runtime = getattr(self.app, "grudge_runtime", None)
@@ -96,9 +108,15 @@ class CheckpointedConsumer(AIOKafkaConsumer):
         it. Here one ``getmany`` result — up to thousands of records — is grouped by
         partition and handed over in one call. What Faust provides around the loop is
         kept: fetching only while flow is active (rebalances stop the flow and this
-        loop waits in ``_wait_next_records``), dropping a batch fetched across a
-        generation change, the read-offset bookkeeping ``seek`` relies on, and commits
-        (which this consumer bases on snapshots, not on acks).
+        loop waits in ``_wait_next_records``), the read-offset bookkeeping ``seek``
+        relies on, and commits (which this consumer bases on snapshots, not on acks).
+
+        A batch is never dropped without a seek back: records it held would be skipped
+        for good (the operator takes the next batch as the continuation). A batch that
+        arrives after a rebalance, under the new generation, is the continuation of the
+        positions that rebalance set, and is processed. One that is still waiting for the
+        runtime's lock when a rebalance runs is consistent too: the revocation snapshots
+        exactly the records before it, and a partition moved elsewhere has no slot here.
         """
         consumer_should_stop = self._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
@@ -106,12 +124,17 @@ class CheckpointedConsumer(AIOKafkaConsumer):
         set_read_offset = self._read_offset.__setitem__
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
-                generation_id = self.app.consumer_generation_id
                 records, active = await self._wait_next_records(1.0)
                 if not records or self.should_stop:
                     continue
-                if not self.flow_active or self.app.consumer_generation_id != generation_id:
-                    continue  # a rebalance began: the next assignment re-positions everything
+                if not self.flow_active:
+                    # A rebalance began after this fetch: drop it, as Faust does, and seek
+                    # back; the assignment that follows re-positions every partition.
+                    try:
+                        await self.perform_seek()
+                    except Exception as exc:  # the assignment in progress seeks again
+                        log.warning("seek back after a dropped batch failed: %s", exc)
+                    continue
                 batch = {}
                 for tp, recs in records.items():
                     if tp.topic != source or (active is not None and tp not in active):
@@ -238,7 +261,7 @@ class FaustRuntime:
             slot = self.slots[p]
             start = slot.operator.next_offset
             if start is not None:
-                await consumer.seek(tp, start)
+                await consumer.seek_from_consumer_thread(tp, start)
         self.metrics.restored.set(len([p for p in self.assigned if p in self.slots]))
 
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
@@ -294,12 +317,11 @@ class FaustRuntime:
 
     async def _checkpoint(self, partitions: list[int]) -> None:
         loop = asyncio.get_running_loop()
-        for p in partitions:
-            slot = self.slots.get(p)
-            if slot is None or not slot.dirty:
-                continue
-            await loop.run_in_executor(None, slot.checkpoint, self.store, self.publisher)
-            self.commit_limits[TP(self.topology.source_topic, p)] = slot.snapshotted_offset
+        dirty = [self.slots[p] for p in partitions if p in self.slots and self.slots[p].dirty]
+        if dirty:
+            await loop.run_in_executor(None, checkpoint_slots, dirty, self.store, self.publisher)
+            for slot in dirty:
+                self.commit_limits[TP(self.topology.source_topic, slot.partition)] = slot.snapshotted_offset
         self.last_checkpoint = time.monotonic()
 
     async def checkpoint_tick(self) -> None:

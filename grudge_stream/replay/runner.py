@@ -29,7 +29,7 @@ from typing import IO
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from grudge_stream._cyext._ingest import group_messages
-from grudge_stream.checkpoint import CheckpointStore
+from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.records import OutputRecord
 from grudge_stream.outputs import OutputPublisher
@@ -198,9 +198,10 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
             for p, op in operators.items():
                 if op.next_offset is None:
                     op.next_offset = ends[p]
-                ref = store.write(op.operator_id, p, op.snapshot(), next_offset=op.next_offset,
-                                  watermark=op.watermark, fingerprint=op.fingerprint, source_topic=topic,
-                                  partition_count=n)
+            refs = store.write_many(
+                SnapshotWrite(op.operator_id, p, op.snapshot(), op.next_offset, op.watermark, op.fingerprint,
+                              topic, n) for p, op in operators.items())
+            for p, ref in zip(operators, refs):
                 report.snapshots[p] = ref.generation
             store.close()
         report.operators = operators  # type: ignore[attr-defined]

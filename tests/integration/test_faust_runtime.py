@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import random
 import time
+import zlib
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from grudge_stream.checkpoint import CHUNK_MAGIC
 from grudge_stream.devkafka import free_port
@@ -129,6 +130,25 @@ def test_two_workers_rebalance_to_the_same_state(harness, runtime: str, drain: s
     assert_matches_reference(h)
     assert b.stop() == 0
     assert a.stop() == 0
+
+
+@pytest.mark.parametrize("runtime", ["faust", "batch"])
+def test_every_compression_codec_is_read(harness, runtime: str) -> None:
+    """Producers pick their own compression: one codec per source partition here."""
+    codecs = ["gzip", "snappy", "lz4", "zstd"]
+    h = harness(partitions=len(codecs), runtime=runtime)
+    producers = [Producer({"bootstrap.servers": h.bootstrap, "compression.type": c, "linger.ms": 20})
+                 for c in codecs]
+    for key, value, ts in h.make_events(20_000, seed=21):
+        p = zlib.crc32(key) % len(codecs)
+        producers[p].produce(h.topology.source_topic, key=key, value=value, timestamp=ts, partition=p)
+        producers[p].poll(0)
+    for pr in producers:
+        assert pr.flush(30) == 0
+    worker = h.start_worker()
+    assert_matches_reference(h)
+    assert worker.stop() == 0
+    assert "Traceback" not in worker.log()
 
 
 def test_bad_records_go_to_the_dead_letter_topic_and_touch_nothing(harness) -> None:
