@@ -207,7 +207,7 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
         time.sleep(max(args.drain_s, checkpoint_s + 2.0) if extra.get("exactly_once") else args.drain_s)
         text = http_get(port, "/metrics")[1]
         events = metrics_sum(text, "grudge_events_total")
-        snaps = metrics_sum(text, "grudge_snapshot_duration_seconds_count")
+        snaps = metrics_sum(text, "grudge_snapshot_duration_seconds_count")  # checkpoint rounds
         snap_s = metrics_sum(text, "grudge_snapshot_duration_seconds_sum")
     finally:
         if reader is not None:
@@ -319,7 +319,7 @@ def main() -> int:
                           f"{r['after_processed_p50_ms']:.1f}/{r['after_processed_p99_ms']:.1f} ms); "
                           f"worker CPU {r['worker_cpu_share']:.2f} of a core, processing lag p50 "
                           f"{r['processing_lag_s_p50']:.3f} s max {r['processing_lag_s_max']:.3f} s; "
-                          f"{r['snapshots']} snapshots taking {r['snapshot_s_total']:.1f} s; "
+                          f"{r['snapshots']} checkpoint rounds taking {r['snapshot_s_total']:.1f} s; "
                           f"false alerts {r['false_positives']}; load {r['load'][0]:.2f}", flush=True)
         finally:
             print(f"# deleted {delete_topics(bs, prefix)} topics {prefix}-*", flush=True)

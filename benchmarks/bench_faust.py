@@ -171,7 +171,7 @@ def run_grudge(bootstrap: str, topic: str, records: int, run_id: str, drain: str
                     break
             time.sleep(poll_s)
         rss, hwm = p.rss_kb(), p.hwm_kb()
-        snap_n = metrics_sum(text, "grudge_snapshot_duration_seconds_count")
+        snap_n = metrics_sum(text, "grudge_snapshots_total")
         snap_s = metrics_sum(text, "grudge_snapshot_duration_seconds_sum")
         snap_bytes = [v for _, v in metric_samples(text, "grudge_snapshot_bytes")]
         alerts = metrics_sum(text, "grudge_alerts_total")
