@@ -34,7 +34,7 @@ import logging
 import struct
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -334,7 +334,10 @@ class CheckpointStore:
                 if self.chunk_delay_s:
                     self._flush(producer)
                     time.sleep(self.chunk_delay_s)
-            pending.append((w, generation, slot, prev, offsets, errors, len(view), crc32c(view)))
+            size, crc = len(view), crc32c(view)
+            # Keep what the manifest needs, not the blob: librdkafka copied the chunks (and
+            # frees them as they are acknowledged), so the round does not pin every blob.
+            pending.append((replace(w, blob=b""), generation, slot, prev, offsets, errors, size, crc))
         self._flush(producer)
         refs: list[SnapshotRef | None] = []
         done: list[list] = []
