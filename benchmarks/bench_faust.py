@@ -61,6 +61,15 @@ def available_drains() -> list[str]:
     return [d for d in ("agent", "batch") if f'"{d}"' in src]
 
 
+def parse_drains(arg: str) -> list[str | None]:
+    """``--drains``: ``auto`` (every drain the runtime has), ``none`` (its default), or a list."""
+    if arg == "auto":
+        return list(available_drains()) or [None]
+    if arg == "none":
+        return [None]
+    return [d.strip() for d in arg.split(",")]
+
+
 def run_baseline(mode: str, bootstrap: str, topic: str, partitions: int, records: int, app_id: str,
                  timeout: float, take: int = 0, retries: int = 2) -> dict:
     """One run of faust_baseline_worker.py; retried under a new app id if no event ever arrives.
@@ -215,12 +224,7 @@ def main() -> int:
 
     keys = args.keys or args.records
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if args.drains == "auto":
-        drains: list[str | None] = list(available_drains()) or [None]
-    elif args.drains == "none":
-        drains = [None]
-    else:
-        drains = [d.strip() for d in args.drains.split(",")]
+    drains = parse_drains(args.drains)
     timeout = args.timeout or max(300.0, args.records / 1500.0)
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
 

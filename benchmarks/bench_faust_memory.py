@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_faust import available_drains, run_baseline, run_grudge  # noqa: E402
+from bench_faust import parse_drains, run_baseline, run_grudge  # noqa: E402
 from common import emit  # noqa: E402
 from kafkabench import broker, delete_topics, loadavg, produce_events  # noqa: E402
 
@@ -51,12 +51,7 @@ def main() -> int:
 
     key_counts = [int(k) for k in args.keys.split(",")]
     variants = [v.strip() for v in args.variants.split(",")]
-    if args.drains == "auto":
-        drains: list[str | None] = list(available_drains()) or [None]
-    elif args.drains == "none":
-        drains = [None]
-    else:
-        drains = [d.strip() for d in args.drains.split(",")]
+    drains = parse_drains(args.drains)
     prefix = f"benchmem-{uuid.uuid4().hex[:6]}"
     rows = []
     la0 = loadavg()

@@ -101,14 +101,7 @@ class EventCodec:
             if key is None:
                 raise BadRecord("record has no key")
             return Event(self._check_key(key), self._check_ts(record_ts_ms, "record timestamp"), cached)
-        try:
-            obj = json.loads(value)
-        except UnicodeDecodeError:
-            raise BadRecord("value is not UTF-8") from None
-        except ValueError as exc:
-            raise BadRecord(f"value is not JSON: {exc.msg}") from None
-        if not isinstance(obj, dict):
-            raise BadRecord(f"value must be a JSON object, got {type(obj).__name__}")
+        obj = _json_object(value)
         if self.key_field is None:
             if key is None:
                 raise BadRecord("record has no key")
@@ -150,15 +143,7 @@ class EventCodec:
             return str(exc)
 
     def _decode_value(self, value: bytes) -> float:
-        try:
-            obj = json.loads(value)
-        except UnicodeDecodeError:
-            raise BadRecord("value is not UTF-8") from None
-        except ValueError as exc:
-            raise BadRecord(f"value is not JSON: {exc.msg}") from None
-        if not isinstance(obj, dict):
-            raise BadRecord(f"value must be a JSON object, got {type(obj).__name__}")
-        return self._value(obj)
+        return self._value(_json_object(value))
 
     def _value(self, obj: dict) -> float:
         if self.value_field is None:
@@ -198,3 +183,16 @@ class EventCodec:
 
 def _finite_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _json_object(value: bytes) -> dict:
+    """A payload parsed as a JSON object, or ``BadRecord`` saying why it is not one."""
+    try:
+        obj = json.loads(value)
+    except UnicodeDecodeError:
+        raise BadRecord("value is not UTF-8") from None
+    except ValueError as exc:
+        raise BadRecord(f"value is not JSON: {exc.msg}") from None
+    if not isinstance(obj, dict):
+        raise BadRecord(f"value must be a JSON object, got {type(obj).__name__}")
+    return obj
