@@ -14,6 +14,10 @@ topic once, then, interleaved over --runs rounds:
 
 and once: `replay` of all N events with snapshot writing (wall time and rate).
 
+With --baseline-exe PATH (the `grudge-stream` script of another installation, an
+earlier release say), `batch@base` and `faust-lean@base` run that installation's
+workers in the same rounds, interleaved, for a side-by-side comparison.
+
 Run: .venv/bin/python benchmarks/bench_batch.py [--events 10000000] [--keys 1000000] [--runs 3]
 Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_stream.devkafka start`).
 """
@@ -99,15 +103,21 @@ def _events_total(port: int) -> float:
 CHECKPOINT_INTERVAL = "5"
 
 
-def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir: str) -> tuple[float, float]:
+# A fixed benchmark key (not a secret); releases before the 128-bit key took a decimal seed.
+BENCH_KEY = "2b7e151628aed2a6abf7158809cf4f3c"
+
+
+def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir: str,
+                exe: str | None = None) -> tuple[float, float]:
     """Events/s of a worker from its first counted event until it has counted ``n``, and its CPU seconds."""
     run = uuid.uuid4().hex[:8]
     port = free_port()
-    exe = os.path.join(os.path.dirname(sys.executable), "grudge-stream")
+    baseline = exe is not None
+    exe = exe or os.path.join(os.path.dirname(sys.executable), "grudge-stream")
     sets = {"source_topic": topic, "app_name": f"bench-{run}", "operator_id": f"bench-{run}",
             "alerts_topic": f"bench-{run}-alerts", "scores_topic": f"bench-{run}-scores",
             "dead_letter_topic": f"bench-{run}-dlq", "snapshot_topic": f"bench-{run}-snap",
-            "checkpoint_interval_s": CHECKPOINT_INTERVAL, **extra}
+            "checkpoint_interval_s": CHECKPOINT_INTERVAL, "seed": "42" if baseline else BENCH_KEY, **extra}
     cmd = [exe, "worker", "abuse_scores", "--bootstrap-servers", bs, "--web-port", str(port),
            "--runtime", runtime, "--loglevel", "warning"]
     for k, v in sets.items():
@@ -154,6 +164,9 @@ def main() -> None:
                     help="events the drain=agent Faust worker is timed over (it runs at ~10k/s)")
     ap.add_argument("--eos", action="store_true", help="also run the exactly-once batch runtime")
     ap.add_argument("--checkpoint-interval", type=float, default=5.0)
+    ap.add_argument("--baseline-exe", default=None,
+                    help="grudge-stream script of another installation: adds batch@base and faust-lean@base")
+    ap.add_argument("--no-replay", action="store_true", help="skip the replay measurement")
     args = ap.parse_args()
     global CHECKPOINT_INTERVAL
     CHECKPOINT_INTERVAL = str(args.checkpoint_interval)
@@ -166,6 +179,8 @@ def main() -> None:
     print(f"produced {args.events} events over {args.keys} keys in {time.time() - t0:.1f}s", flush=True)
     workdir = tempfile.mkdtemp(prefix="bench-batch-")
     modes = ["consume", "batch"] + (["eos"] if args.eos else []) + (["faust-agent", "faust-lean"] if args.faust else [])
+    if args.baseline_exe:
+        modes += ["batch@base"] + (["faust-lean@base"] if args.faust else [])
     res: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.runs):
@@ -190,19 +205,32 @@ def main() -> None:
                 rate, c = worker_rate(bs, topic, args.events, "faust", {"drain": "batch"}, workdir)
                 res[m].append(rate)
                 cpu[m].append(c)
-            print(f"run {r + 1} {m:8s} {res[m][-1]:>12,.0f} events/s  (load {os.getloadavg()[0]:.2f})", flush=True)
-    topology = load_topology("abuse_scores", Settings({"source_topic": topic, "operator_id": f"replay-{topic}",
-                                                       "snapshot_topic": f"{topic}-replay-snap"}, environ={}))
-    from grudge_stream.topics import ensure_topology_topics
+            elif m in ("batch@base", "faust-lean@base"):
+                runtime = "batch" if m == "batch@base" else "faust"
+                rate, c = worker_rate(bs, topic, args.events, runtime, {} if runtime == "batch" else {"drain": "batch"},
+                                      workdir, exe=args.baseline_exe)
+                res[m].append(rate)
+                cpu[m].append(c)
+            print(f"run {r + 1} {m:15s} {res[m][-1]:>12,.0f} events/s  (load {os.getloadavg()[0]:.2f})", flush=True)
+    rep = None
+    if not args.no_replay:
+        topology = load_topology("abuse_scores", Settings({"source_topic": topic, "operator_id": f"replay-{topic}",
+                                                           "snapshot_topic": f"{topic}-replay-snap",
+                                                           "seed": BENCH_KEY}, environ={}))
+        from grudge_stream.topics import ensure_topology_topics
 
-    ensure_topology_topics(topology, bs)
-    rep = replay(topology, bs, start=Position("earliest"), end=Position("now"), sink=None,
-                 write_snapshots=True, progress=False)
+        ensure_topology_topics(topology, bs)
+        rep = replay(topology, bs, start=Position("earliest"), end=Position("now"), sink=None,
+                     write_snapshots=True, progress=False)
     med = {m: statistics.median(v) for m, v in res.items()}
-    print(f"\n{'mode':10s} {'median events/s':>16s}   runs")
+    print(f"\n{'mode':15s} {'median events/s':>16s}   runs")
     for m in modes:
-        print(f"{m:10s} {med[m]:>16,.0f}   {', '.join(f'{x:,.0f}' for x in res[m])}")
-    print(f"replay with snapshots: {rep.records:,} records in {rep.seconds:.2f}s = {rep.rate:,.0f}/s")
+        print(f"{m:15s} {med[m]:>16,.0f}   {', '.join(f'{x:,.0f}' for x in res[m])}")
+    if rep is not None:
+        print(f"replay with snapshots: {rep.records:,} records in {rep.seconds:.2f}s = {rep.rate:,.0f}/s")
+    for m in ("batch", "faust-lean"):
+        if m in med and f"{m}@base" in med:
+            print(f"{m} / {m}@base = {med[m] / med[m + '@base']:.3f} (target >= 0.95)")
     print(f"batch / consume = {med['batch'] / med['consume']:.2f} (target >= 0.6); "
           f"batch >= 1M/s: {med['batch'] >= 1e6}")
     if "faust-agent" in med:
@@ -214,7 +242,7 @@ def main() -> None:
     emit({"bench": "batch", "events": args.events, "keys": args.keys, "runs": args.runs,
           **{f"{m}_events_per_s": round(v) for m, v in med.items()},
           **{f"{m}_worker_cpu_s": round(statistics.median(v), 2) for m, v in cpu.items() if v},
-          "replay_seconds": round(rep.seconds, 2), "replay_events_per_s": round(rep.rate)})
+          **({"replay_seconds": round(rep.seconds, 2), "replay_events_per_s": round(rep.rate)} if rep else {})})
 
 
 if __name__ == "__main__":

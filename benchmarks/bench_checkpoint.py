@@ -72,7 +72,7 @@ def main() -> int:
         settings = Settings({
             "source_topic": f"{prefix}-events", "snapshot_topic": f"{prefix}-snapshots",
             "operator_id": f"{prefix}-op", "levels": str(args.levels), "cells_per_level": str(args.cells),
-            "seed": "42", "bootstrap_servers": bs,
+            "seed": "2b7e151628aed2a6abf7158809cf4f3c", "bootstrap_servers": bs,
         }, environ={})
         topology = load_topology("abuse_scores", settings)
         op_id = topology.operator_id

@@ -137,7 +137,7 @@ def grudge_settings(run_id: str, topic: str, drain: str | None, extra: dict | No
         "cells_per_level": 100_000,
         "checkpoint_interval_s": 5,
         "emit_scores": "crossings",
-        "seed": 42,
+        "seed": "2b7e151628aed2a6abf7158809cf4f3c",  # a fixed benchmark key (not a secret)
     }
     if drain:
         s["drain"] = drain

@@ -10,7 +10,7 @@ cimport numpy as cnp
 import numpy as np
 import math
 
-from ghash cimport Hasher, make_hasher, hash_key
+from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
 from gkeys cimport hash_items
 
 from grudge_stream._cyext._hashing import algorithm_code
@@ -155,6 +155,13 @@ cdef class ForgettingBloom:
         self._started = False
         self._win_hi = -INT64_MAX - 1
         self._hasher = make_hasher(algorithm_code(cfg.hasher), <uint64_t>cfg.seed)
+
+    def use_hash_key(self, key):
+        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
+        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
+        new sketch before its first update, and again after ``from_bytes``. Needs
+        ``hasher="siphash"``."""
+        set_siphash_key(&self._hasher, key)
 
     # ------------------------------------------------------------------ properties
 

@@ -10,7 +10,7 @@ cimport numpy as cnp
 import numpy as np
 import struct
 
-from ghash cimport Hasher, make_hasher, hash_key
+from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
 from gkeys cimport hash_items
 
 from grudge_stream._cyext._hashing import algorithm_code
@@ -1080,6 +1080,13 @@ cdef class DecayingCountMin:
 
     # ------------------------------------------------------------------ snapshots
 
+    def use_hash_key(self, key):
+        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
+        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
+        new sketch before its first update, and again after ``from_bytes``. Needs
+        ``hasher="siphash"``."""
+        set_siphash_key(&self._hasher, key)
+
     def to_bytes(self):
         """Serialize: the envelope (magic, version, kind, CRC-32C) around a JSON header
         (full config, epoch state) and the little-endian payload (docs/count-min.md)."""
@@ -1105,9 +1112,11 @@ cdef class DecayingCountMin:
         return pack(KIND_COUNT_MIN, header, b"".join(parts))
 
     @classmethod
-    def from_bytes(cls, data, *, clock=None):
+    def from_bytes(cls, data, *, clock=None, hash_key=None):
         """Restore a sketch from :meth:`to_bytes`; anything truncated, corrupted, of
-        another kind or version, or violating an invariant raises SnapshotError."""
+        another kind or version, or violating an invariant raises SnapshotError.
+        ``hash_key``: the secret SipHash key the sketch was keyed with (``use_hash_key``),
+        needed to check its top-k candidates."""
         header, payload = unpack(data, KIND_COUNT_MIN)
         cfgmod = _config_module()
         fields = {"depth", "width", "epoch_ms", "counter_bits", "seed", "hasher", "top_k",
@@ -1121,6 +1130,8 @@ cdef class DecayingCountMin:
             raise SnapshotError(f"DecayingCountMin snapshot holds an invalid config: {exc}") from None
         cdef DecayingCountMin self = DecayingCountMin.__new__(DecayingCountMin)
         self._setup(cfg, clock)
+        if hash_key is not None:  # the candidates' keys are checked against their hashes
+            set_siphash_key(&self._hasher, hash_key)
         self._load(header, payload)
         return self
 

@@ -62,7 +62,7 @@ def group_records(dict by_tp_records):
 
 def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dict cache,
                   object decode_value, Py_ssize_t max_key_bytes, Py_ssize_t cache_max_entries,
-                  Py_ssize_t cache_max_value_bytes):
+                  Py_ssize_t cache_max_value_bytes, bint allow_empty_keys=False):
     """Decode records ``start..n`` whose meaning depends on the value bytes alone.
 
     Returns ``(index, deltas, ts, bad)``: the indexes of valid records (int64), their
@@ -93,6 +93,9 @@ def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dic
         if k is None:
             bad.append((i, "record has no key"))
             continue
+        if not allow_empty_keys and len(<bytes>k) == 0:
+            bad.append((i, "empty key (allow_empty_keys is off)"))
+            continue
         if max_key_bytes and len(<bytes>k) > max_key_bytes:
             bad.append((i, f"key is {len(<bytes>k)} bytes, over the limit of {max_key_bytes}"))
             continue
@@ -108,30 +111,54 @@ def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dic
     return idx[:j], deltas[:j], ts[:j], bad
 
 
-def watermark_and_weights(cnp.int64_t[::1] ts, double[::1] deltas, object watermark, double lam_per_ms):
+def watermark_and_weights(cnp.int64_t[::1] ts, double[::1] deltas, object watermark, double lam_per_ms,
+                          object future_limit=None, bint clamp_future=True, object max_late=None):
     """Running watermark per event, lateness count, and late deltas weighted by exp(-lam * late).
 
+    Event times above ``future_limit`` are applied at the watermark (``clamp_future``; at
+    ``future_limit`` before the first event) or dropped;
+    events more than ``max_late`` ms behind the watermark are dropped. Returns
+    ``(now, weighted, late, clamped, dropped)``: ``now`` and ``weighted`` hold the kept
+    events only, ``dropped`` is ``[(j, reason_code, ts, watermark), ...]`` with ``j`` the
+    event's position in ``ts`` and reason_code 1 (future) or 2 (late), in event order.
     Uses libm's exp, as the per-record path does (math.exp), so results are bit-identical.
     """
-    cdef Py_ssize_t n = ts.shape[0], i
+    cdef Py_ssize_t n = ts.shape[0], i, j = 0
     cdef cnp.ndarray[cnp.int64_t, ndim=1] now = np.empty(n, dtype=np.int64)
     cdef cnp.ndarray[cnp.float64_t, ndim=1] w = np.empty(n, dtype=np.float64)
     cdef bint have = watermark is not None
     cdef int64_t wm = watermark if have else 0
-    cdef Py_ssize_t late = 0
+    cdef bint has_fut = future_limit is not None
+    cdef int64_t fut = future_limit if has_fut else 0
+    cdef bint has_late = max_late is not None
+    cdef int64_t maxlate = max_late if has_late else 0
+    cdef Py_ssize_t late = 0, clamped = 0
+    cdef int64_t t
+    cdef list dropped = []
     for i in range(n):
-        if not have or ts[i] > wm:
-            wm = ts[i]
+        t = ts[i]
+        if has_fut and t > fut:
+            if not clamp_future:
+                dropped.append((i, 1, t, wm if have else None))
+                continue
+            clamped += 1
+            t = wm if have else fut  # applied at the watermark: it never moves the clock
+        if have and has_late and wm - t > maxlate:
+            dropped.append((i, 2, t, wm))
+            continue
+        if not have or t > wm:
+            wm = t
             have = True
-            w[i] = deltas[i]
+            w[j] = deltas[i]
         else:
-            if ts[i] < wm:
+            if t < wm:
                 late += 1
                 if lam_per_ms != 0.0:
-                    w[i] = deltas[i] * exp(-lam_per_ms * <double>(wm - ts[i]))
+                    w[j] = deltas[i] * exp(-lam_per_ms * <double>(wm - t))
                 else:
-                    w[i] = deltas[i]
+                    w[j] = deltas[i]
             else:
-                w[i] = deltas[i]
-        now[i] = wm
-    return now, w, late
+                w[j] = deltas[i]
+        now[j] = wm
+        j += 1
+    return now[:j], w[:j], late, clamped, dropped

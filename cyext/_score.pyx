@@ -14,7 +14,7 @@ import numpy as np
 import collections
 import sys
 
-from ghash cimport (Hasher, make_hasher, key_view, hash_key, hash_sequence, gh_km_index,
+from ghash cimport (set_siphash_key, Hasher, make_hasher, key_view, hash_key, hash_sequence, gh_km_index,
                     gh_hash, gh_splitmix64, GH_GOLDEN, GH_MURMUR3, GH_SIPHASH)
 
 from grudge_stream import envelope as _envelope
@@ -639,6 +639,13 @@ cdef class ScoreSketch:
 
     # -- hashing ------------------------------------------------------------------
 
+    def use_hash_key(self, key):
+        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
+        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
+        new sketch before its first update, and again after ``from_bytes``. Needs
+        ``hasher="siphash"``."""
+        set_siphash_key(&self._hasher, key)
+
     def key_hash(self, key):
         """The 64-bit hash this sketch uses for ``key`` (what its batch API takes pre-hashed)."""
         return hash_key(&self._hasher, key)
@@ -1121,6 +1128,13 @@ cdef class Rotator:
 
     def __deepcopy__(self, memo):
         return self.copy()
+
+    def use_hash_key(self, key):
+        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
+        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
+        new sketch before its first update, and again after ``from_bytes``. Needs
+        ``hasher="siphash"``."""
+        set_siphash_key(&self._hasher, key)
 
     def key_hash(self, key):
         """The 64-bit hash the Rotator takes pre-hashed (remixed per generation)."""

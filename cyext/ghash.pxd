@@ -90,3 +90,15 @@ cdef inline int hash_sequence(const Hasher* h, object keys, uint64_t* out, Py_ss
             key_view(<object>item, &p, &size)
             out[i] = gh_hash(h.algo, p, <size_t>size, h.seed32, h.k0, h.k1)
     return 0
+
+
+cdef inline int set_siphash_key(Hasher* h, object key) except -1:
+    """Key a SipHash hasher with a secret 128-bit key (16 bytes: k0, k1 little-endian),
+    replacing the key derived from the sketch's seed. Never serialized: the owner keeps it."""
+    if h.algo != GH_SIPHASH:
+        raise ValueError("use_hash_key needs hasher='siphash'")
+    if not isinstance(key, (bytes, bytearray)) or len(key) != 16:
+        raise ValueError("the SipHash key must be exactly 16 bytes")
+    h.k0 = int.from_bytes(key[:8], "little")
+    h.k1 = int.from_bytes(key[8:], "little")
+    return 0

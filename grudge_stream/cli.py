@@ -39,7 +39,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology, settings)
     if not args.no_create_topics:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
-                               create_source=args.create_source)
+                               create_source=args.create_source, timestamp_bounds=True)
     runtime = args.runtime or settings.get("runtime", "faust")
     if runtime == "batch":
         from grudge_stream.replay.live import run_batch_worker
@@ -64,7 +64,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
     n = ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
-                               create_source=True)
+                               create_source=True, timestamp_bounds=True)
     print(f"{topology.source_topic}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
           f"snapshots {topology.snapshot_topic}")
     return 0
@@ -148,7 +148,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    from grudge_stream.exceptions import GrudgeError
+
+    try:
+        return int(args.func(args) or 0)
+    except GrudgeError as exc:  # a user error: one line, exit 2 (tracebacks are for bugs)
+        print(f"grudge-stream {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -58,9 +59,11 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
         "sweep_interval_ms": "2000",
         "bootstrap_servers": bootstrap,
     }
+    # A fresh secret hash key per demo run, handed to the worker through its environment.
+    seed = secrets.token_hex(16)
     worker = None
     try:
-        settings = Settings(overrides)
+        settings = Settings(overrides, environ={**os.environ, "GRUDGE_SEED": seed})
         topology = load_topology("abuse_scores", settings)
         ensure_topology_topics(topology, bootstrap, partitions=partitions, create_source=True)
         port = free_port()
@@ -75,7 +78,8 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
              f"(metrics on http://127.0.0.1:{port}/metrics)")
         log_path = os.path.abspath(f"demo-worker-{run}.log")
         with open(log_path, "wb") as log_file:
-            worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+            worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "GRUDGE_SEED": seed})
         _traffic_and_alerts(bootstrap, topology, seconds, rate)
         _say(f"worker log: {log_path}")
         return 0

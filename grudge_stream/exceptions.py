@@ -32,5 +32,9 @@ class CheckpointError(GrudgeError):
     """A checkpoint could not be written or restored."""
 
 
+class DeliveryError(GrudgeError):
+    """Outputs that are not delivered (nor dead-lettered) yet: no snapshot may cover them."""
+
+
 class PartitionCountChanged(CheckpointError):
     """The source topic's partition count differs from the one the snapshots were taken on."""

@@ -10,6 +10,19 @@ class Metrics:
         lbl = ["operator", "partition"]
         self.events = Counter("grudge_events_total", "Valid events applied to a sketch", lbl, registry=r)
         self.dead_letters = Counter("grudge_dead_letters_total", "Records sent to the dead-letter topic", lbl, registry=r)
+        self.future_clamped = Counter("grudge_future_clamped_total",
+                                      "Events stamped beyond max_future_ms ahead of processing time, clamped to it",
+                                      lbl, registry=r)
+        self.late_applied = Counter("grudge_late_applied_total",
+                                    "Late events (behind the watermark, within max_late_ms) applied with their weight",
+                                    lbl, registry=r)
+        self.late_dropped = Counter("grudge_late_dropped_total",
+                                    "Events more than max_late_ms behind the watermark (dead-lettered or counted)",
+                                    lbl, registry=r)
+        self.outputs_dead_lettered = Counter(
+            "grudge_outputs_dead_lettered_total",
+            "Outputs that could not be delivered (too large, topic missing, refused) and went to the dead-letter topic",
+            ["operator", "role"], registry=r)
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
         self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
         self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)

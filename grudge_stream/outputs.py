@@ -1,28 +1,105 @@
-"""Publishing operator outputs with a dedicated, idempotent confluent-kafka producer."""
+"""Publishing operator outputs with a dedicated, idempotent confluent-kafka producer.
+
+Outputs are at-least-once, and no snapshot ever covers an output that was not
+delivered. The publisher keeps that promise on hostile input:
+
+- **Sizes**: each output topic's ``max.message.bytes`` is read from the broker
+  at start. An output that would not fit (a forwarded record at the broker's
+  limit, say) is not sent; a dead letter describing it, cut to fit the
+  dead-letter topic, goes instead (``grudge_outputs_dead_lettered_total``).
+- **Refusals**: an output the broker refuses for good (topic missing, record
+  invalid, not authorized) is dead-lettered the same way, once ``flush`` sees
+  the delivery report.
+- **Outages**: the producer retries without a deadline
+  (``message.timeout.ms=0``, order kept by idempotence), so a broker outage
+  only delays outputs. ``flush`` — which every checkpoint round calls before it
+  writes a snapshot — returns only when every output is delivered or
+  dead-lettered; it logs why it waits, and when the worker is stopping it gives
+  up after a grace period by raising ``DeliveryError``: the snapshot is then
+  not written, and the partition's next owner replays from the previous one.
+"""
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
 
-from grudge_stream.exceptions import CheckpointError
+from grudge_stream.exceptions import DeliveryError
+from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.records import OutputRecord
 
 log = logging.getLogger("grudge_stream.outputs")
+
+# Bytes a record batch of one record needs beyond its key and value (batch header 61,
+# record framing ~20, headers, compression not counted on): the broker checks a batch.
+RECORD_OVERHEAD = 512
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+def topic_message_limits(admin_config: dict, topics: Iterable[str], timeout_s: float = 15.0) -> dict[str, int]:
+    """``max.message.bytes`` of each topic as the broker reports it (Kafka's default where
+    the topic is missing or its config cannot be read)."""
+    names = sorted(set(topics))
+    limits = {t: KAFKA_DEFAULT_MAX_MESSAGE_BYTES for t in names}
+    if not names:
+        return limits
+    admin = AdminClient({**admin_config, "log_level": 3})
+    try:
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in names],
+                                         request_timeout=timeout_s)
+        for res, fut in futures.items():
+            try:
+                entry = fut.result(timeout=timeout_s).get("max.message.bytes")
+                if entry is not None and entry.value:
+                    limits[res.name] = int(entry.value)
+            except (KafkaException, ValueError) as exc:
+                log.warning("cannot read max.message.bytes of %s (%s); assuming Kafka's default %d",
+                            res.name, exc, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
+    except KafkaException as exc:
+        log.warning("cannot read topic configs (%s); assuming max.message.bytes %d", exc,
+                    KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
+    return limits
+
+
+class _RateLimitedLog:
+    """One log line per kind per interval, with the count of the suppressed ones."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval = interval_s
+        self.last: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, level: int, kind: str, msg: str, *args) -> None:
+        now = time.monotonic()
+        t, n = self.last.get(kind, (0.0, 0))
+        if now - t >= self.interval:
+            log.log(level, msg + (f" (and {n} more like it)" if n else ""), *args)
+            self.last[kind] = (now, 0)
+        else:
+            self.last[kind] = (t, n + 1)
 
 
 class OutputPublisher:
     """Maps output roles to topics and produces records; ``flush()`` makes them durable.
 
-    Outputs are at-least-once: the runtime flushes before every snapshot, so a
-    snapshot never covers an output that was not delivered.
+    ``operator_id`` names the dead letters it makes for undeliverable outputs;
+    ``metrics`` (a ``grudge_stream.metrics.Metrics``) counts them.
     """
 
     def __init__(self, bootstrap_servers: str, topics: dict[str, str], *, config: dict | None = None,
-                 producer: Producer | None = None) -> None:
+                 producer: Producer | None = None, operator_id: str = "", metrics=None,
+                 client_config: dict | None = None) -> None:
         self.topics = dict(topics)
-        self._errors: list[str] = []
+        self.operator_id = operator_id
+        self.metrics = metrics
+        self.dead_letter_topic = self.topics.get("dead_letters")
+        admin_conf = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
+        self.limits = topic_message_limits(admin_conf, self.topics.values())
+        self._room = {t: max(0, n - RECORD_OVERHEAD) for t, n in self.limits.items()}
+        self._failed: list[tuple] = []
+        self._log = _RateLimitedLog()
         # A caller's producer (e.g. a transactional one shared with the checkpoint store) or our own.
         self.producer = producer if producer is not None else Producer({
             "bootstrap.servers": bootstrap_servers,
@@ -30,36 +107,125 @@ class OutputPublisher:
             "acks": "all",
             "linger.ms": 5,
             "compression.type": "lz4",
+            # Never fail an output for taking long: an outage only delays it (in order).
+            "message.timeout.ms": 0,
+            "message.max.bytes": max([KAFKA_DEFAULT_MAX_MESSAGE_BYTES, *self.limits.values()]) + 4096,
+            **(client_config or {}),
             **(config or {}),
         })
         self.sent: dict[str, int] = {}
+        self.dead_lettered: dict[str, int] = {}
+        # Why a publish() failed half way, if one did: its outputs are lost, so no flush
+        # may succeed (and no snapshot be written) after it.
+        self.broken: str | None = None
+
+    def dead_letter_limit(self) -> int:
+        """Bytes a dead letter (key + value) may take on the dead-letter topic."""
+        if self.dead_letter_topic is None:
+            return DEFAULT_DEAD_LETTER_LIMIT
+        return min(DEFAULT_DEAD_LETTER_LIMIT, self._room[self.dead_letter_topic])
 
     def _on_delivery(self, err, msg) -> None:
         if err is not None:
-            self._errors.append(f"{msg.topic()}: {err}")
+            self._failed.append((err, msg.topic(), msg.key(), msg.value()))
+
+    def _undeliverable(self, role: str, topic: str, key: bytes | None, value: bytes | None,
+                       reason: str) -> OutputRecord:
+        self.dead_lettered[role] = self.dead_lettered.get(role, 0) + 1
+        if self.metrics is not None:
+            self.metrics.outputs_dead_lettered.labels(self.operator_id, role).inc()
+        self._log(logging.ERROR, "undeliverable:" + topic, "output to %s dead-lettered: %s", topic, reason)
+        return dead_letter_record(self.operator_id, reason, None, key, value, self.dead_letter_limit(),
+                                  extra={"output": {"role": role, "topic": topic}})
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Produce, or note the client's refusal as a failure that ``flush`` handles."""
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as exc:  # refused by the client itself (unknown topic, size, ...)
+                self._failed.append((exc.args[0], topic, key, value))
+                return
+
+    def _send(self, role: str, topic: str, key: bytes | None, value: bytes) -> None:
+        size = len(value) + (len(key) if key is not None else 0)
+        room = self._room.get(topic)
+        if room is not None and size > room:
+            if topic == self.dead_letter_topic:
+                raise AssertionError("dead letters are cut to fit their topic")  # pragma: no cover
+            dl = self._undeliverable(role, topic, key, value,
+                                     f"output of {size} bytes exceeds {topic}'s max.message.bytes "
+                                     f"({self.limits[topic]})")
+            topic, key, value = self.dead_letter_topic, dl.key, dl.value
+        self._produce(topic, key, value)
 
     def publish(self, records: Iterable[OutputRecord]) -> int:
         n = 0
-        produce = self.producer.produce
-        for rec in records:
-            topic = self.topics.get(rec.role)
-            if topic is None:
-                continue  # the topology does not publish this role
-            while True:
-                try:
-                    produce(topic, value=rec.value, key=rec.key, on_delivery=self._on_delivery)
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)
-            self.sent[rec.role] = self.sent.get(rec.role, 0) + 1
-            n += 1
+        topics = self.topics
+        try:
+            for rec in records:
+                topic = topics.get(rec.role)
+                if topic is None:
+                    continue  # the topology does not publish this role
+                self._send(rec.role, topic, rec.key, rec.value)
+                self.sent[rec.role] = self.sent.get(rec.role, 0) + 1
+                n += 1
+        except BaseException as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            raise
         self.producer.poll(0)
         return n
 
-    def flush(self, timeout_s: float = 60.0) -> None:
-        remaining = self.producer.flush(timeout_s)
-        if remaining:
-            raise CheckpointError(f"{remaining} output records undelivered after {timeout_s}s")
-        if self._errors:
-            errors, self._errors = self._errors, []
-            raise CheckpointError(f"output records failed delivery: {errors[:5]}")
+    def _role_of(self, topic: str) -> str:
+        for role, t in self.topics.items():
+            if t == topic:
+                return role
+        return "unknown"
+
+    def _handle_failures(self) -> int:
+        """Re-send or dead-letter what the broker refused; returns how many were handled."""
+        failed, self._failed = self._failed, []
+        for err, topic, key, value in failed:
+            if topic == self.dead_letter_topic:
+                # The dead letter itself was refused: try again (the snapshot waits meanwhile).
+                self._log(logging.ERROR, "dlq:" + topic, "dead letter to %s not delivered (%s); retrying", topic, err)
+                self._produce(topic, key, value)
+            elif err.retriable() or self.dead_letter_topic is None:
+                self._produce(topic, key, value)
+            else:
+                dl = self._undeliverable(self._role_of(topic), topic, key, value,
+                                         f"output to {topic} failed: {err.str()}")
+                self._produce(self.dead_letter_topic, dl.key, dl.value)
+        return len(failed)
+
+    def flush(self, timeout_s: float | None = None, should_stop: Callable[[], bool] | None = None,
+              grace_s: float = 10.0) -> None:
+        """Return once every output so far is delivered or dead-lettered.
+
+        Waits as long as that takes (logging why), unless ``timeout_s`` passes or
+        ``should_stop()`` turns true and ``grace_s`` more seconds pass: then
+        ``DeliveryError``, and the caller must not write a snapshot.
+        """
+        t0 = time.monotonic()
+        stop_at: float | None = None
+        while True:
+            if self.broken is not None:
+                raise DeliveryError(f"outputs were lost when publishing failed ({self.broken})")
+            remaining = self.producer.flush(1.0)
+            handled = self._handle_failures() if self._failed else 0
+            if self._failed and not remaining:
+                time.sleep(0.5)  # refused again at once (a topic still missing): do not spin
+            if remaining == 0 and handled == 0 and not self._failed:
+                return
+            now = time.monotonic()
+            pending = remaining + handled
+            if should_stop is not None and should_stop():
+                stop_at = stop_at or now + grace_s
+            if (timeout_s is not None and now - t0 > timeout_s) or (stop_at is not None and now > stop_at):
+                raise DeliveryError(
+                    f"{pending} output records undelivered after {now - t0:.0f}s; no snapshot covers them")
+            self._log(logging.WARNING, "flush", "%d output records not delivered yet after %.0fs; the "
+                      "snapshot waits for them (broker unreachable?)", pending, now - t0)

@@ -106,10 +106,13 @@ class PartitionSlot:
     """One assigned partition: its operator, and what its last snapshot covered."""
 
     def __init__(self, topology: Topology, partition: int, outcome: RestoreOutcome,
-                 partition_count: int, metrics: Metrics | None = None) -> None:
+                 partition_count: int, metrics: Metrics | None = None,
+                 dead_letter_limit: int | None = None) -> None:
         self.topology = topology
         self.partition = partition
         self.operator = outcome.operator
+        if dead_letter_limit is not None:
+            self.operator.dead_letter_limit = dead_letter_limit
         self.restore_mode = outcome.mode
         self.start_offset = outcome.start_offset
         self.partition_count = partition_count
@@ -138,7 +141,9 @@ class PartitionSlot:
 
     def _update_metrics(self) -> None:
         m, c, labels = self.metrics, self.operator.counters, self._labels
-        for name, counter in (("events", m.events), ("dead_letters", m.dead_letters)):
+        for name, counter in (("events", m.events), ("dead_letters", m.dead_letters),
+                              ("future_clamped", m.future_clamped), ("late", m.late_applied),
+                              ("late_dropped", m.late_dropped)):
             d = c.get(name, 0) - self._seen.get(name, 0)
             if d:
                 counter.labels(*labels).inc(d)
@@ -152,17 +157,21 @@ class PartitionSlot:
             m.watermark.labels(*labels).set(wm)
             m.watermark_lag.labels(*labels).set(time.time() - wm / 1000.0)
 
-    def checkpoint(self, store: CheckpointStore, publisher: OutputPublisher | None) -> SnapshotRef | None:
+    def checkpoint(self, store: CheckpointStore, publisher: OutputPublisher | None,
+                   should_stop: Callable[[], bool] | None = None) -> SnapshotRef | None:
         """Flush outputs, then write a snapshot if anything changed since the last one."""
-        refs = checkpoint_slots([self], store, publisher)
+        refs = checkpoint_slots([self], store, publisher, should_stop)
         return refs[0] if refs else None
 
 
 def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
-                     publisher: OutputPublisher | None) -> list[SnapshotRef]:
+                     publisher: OutputPublisher | None,
+                     should_stop: Callable[[], bool] | None = None) -> list[SnapshotRef]:
     """One checkpoint round: snapshot every dirty slot of ``slots``; the refs, in slot order.
 
-    Outputs are flushed once (a snapshot never covers an output that is not durable),
+    Outputs are flushed once (a snapshot never covers an output that is not durable: the
+    flush waits until every output is delivered or dead-lettered, and raises
+    ``DeliveryError`` instead — writing no snapshot — if the worker stops meanwhile),
     then ``CheckpointStore.write_many`` sends every partition's chunks together, each blob
     serialized while the previous one's chunks are on their way. Afterwards each slot's
     ``snapshotted_offset`` is what its snapshot covers: commit up to it.
@@ -172,7 +181,7 @@ def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
         return []
     t0 = time.perf_counter()
     if publisher is not None:
-        publisher.flush()
+        publisher.flush(should_stop=should_stop)
     sizes: list[int] = []
 
     def writes():

@@ -35,9 +35,26 @@ def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], ti
     return created
 
 
+def source_topic_config(topology: Topology) -> dict[str, str]:
+    """Broker-side timestamp bounds matching the operator's event-time bounds: the broker then
+    refuses, at produce time, records stamped further ahead than ``max_future_ms`` or further
+    back than ``max_late_ms`` (producers see the error; a backfill of older history needs a
+    topic without the before bound)."""
+    op = topology.make_operator(0)
+    conf = {}
+    if op.max_future_ms is not None:
+        conf["message.timestamp.after.max.ms"] = str(op.max_future_ms)
+    if op.max_late_ms is not None:
+        conf["message.timestamp.before.max.ms"] = str(op.max_late_ms)
+    return conf
+
+
 def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partitions: int | None = None,
-                           create_source: bool = False) -> int:
-    """Create the output and snapshot topics (and the source, if asked); return the source's partitions."""
+                           create_source: bool = False, timestamp_bounds: bool = False) -> int:
+    """Create the output and snapshot topics (and the source, if asked); return the source's partitions.
+
+    ``timestamp_bounds``: a source topic created here gets ``source_topic_config`` (what
+    ``grudge-stream topics`` and ``worker --create-source`` do)."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
     n = topic_partitions(admin, topology.source_topic)
     if n is None:
@@ -47,7 +64,8 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
                 "Operator action: create it (or run `grudge-stream topics <topology> --partitions N`)."
             )
         n = partitions or 8
-        create_topics(bootstrap_servers, {topology.source_topic: (n, {})})
+        create_topics(bootstrap_servers,
+                      {topology.source_topic: (n, source_topic_config(topology) if timestamp_bounds else {})})
     specs: dict[str, tuple[int, dict]] = {t: (n, {}) for t in set(topology.outputs.values())}
     specs[topology.snapshot_topic] = (n, dict(SNAPSHOT_TOPIC_CONFIG))
     create_topics(bootstrap_servers, specs)

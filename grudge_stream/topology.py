@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.base import Operator
+from grudge_stream.hashkey import hash_key_from_settings
+from grudge_stream.operators.base import AUTO, Operator
 
 RESTORE_FALLBACKS = ("replay", "fail")
 
@@ -52,6 +53,43 @@ class Settings:
             return type(default)(raw)
         except ValueError:
             raise ConfigError(f"setting {name!r} must be a {type(default).__name__}, got {raw!r}") from None
+
+
+def _time_bound(settings: Settings, name: str) -> int | str | None:
+    raw = settings.get(name, AUTO)
+    text = str(raw).strip().lower()
+    if text == AUTO:
+        return AUTO
+    if text in ("none", "off"):
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise ConfigError(f"setting {name!r} must be 'auto', 'none' or milliseconds, got {raw!r}") from None
+    if v < 0:
+        raise ConfigError(f"setting {name!r} must be >= 0, got {v}")
+    return v
+
+
+def operator_settings(settings: Settings, topology: str) -> dict:
+    """The settings every operator takes (docs/runtime.md): event-time bounds and their
+    policies, and the secret hash key (required; see grudge_stream.hashkey)."""
+    return {
+        "max_future_ms": _time_bound(settings, "max_future_ms"),
+        "future_policy": settings.get("future_policy", "clamp"),
+        "max_late_ms": _time_bound(settings, "max_late_ms"),
+        "late_policy": settings.get("late_policy", "dead_letter"),
+        "hash_key": hash_key_from_settings(settings, topology),
+    }
+
+
+def codec_settings(settings: Settings) -> dict:
+    """Key checks every codec applies: ``max_key_bytes`` (1024: longer keys are
+    dead-lettered) and ``allow_empty_keys`` (false: empty keys are dead-lettered)."""
+    n = settings.get("max_key_bytes", 1024)
+    if n < 0:
+        raise ConfigError(f"setting 'max_key_bytes' must be >= 0, got {n}")
+    return {"max_key_bytes": n, "allow_empty_keys": settings.get("allow_empty_keys", False)}
 
 
 @dataclass

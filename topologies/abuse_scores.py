@@ -8,7 +8,7 @@ Events (JSON, keyed by the client id)::
 ``bad`` raises the client's score by 0.04, ``good`` forgives 0.001; scores
 decay exponentially (half-life about 69 s at the default 0.01/s) and are
 clamped to [0, 1]. A client is raised at 0.5 and cleared at 0.25. Keys come
-from the public, so the sketch hashes with SipHash under a secret seed
+from the public, so the sketch hashes with SipHash under a secret key
 (``GRUDGE_SEED``).
 
 Settings (flag ``--set name=value`` or environment ``GRUDGE_<NAME>``):
@@ -17,16 +17,20 @@ Settings (flag ``--set name=value`` or environment ``GRUDGE_<NAME>``):
 ``snapshot_topic`` (abuse-scores-snapshots), ``operator_id`` (abuse-scores),
 ``levels`` (4), ``cells_per_level`` (100000), ``decay_per_s`` (0.01),
 ``bad_delta`` (0.04), ``good_delta`` (-0.001), ``raise_at`` (0.5),
-``clear_at`` (0.25), ``seed`` (0), ``emit_scores`` (crossings),
+``clear_at`` (0.25), ``emit_scores`` (crossings),
 ``latch_capacity`` (100000), ``sweep_interval_ms`` (10000: how often, in event time, raised
 keys that went quiet are re-read so they can clear), ``checkpoint_interval_s`` (5),
-``restore_fallback`` (replay), ``max_future_ms`` (3600000).
+``restore_fallback`` (replay).
+
+Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
+docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
+``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.scores import FeedbackScoreOperator
-from grudge_stream.topology import Settings, Topology
+from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 
 def build(settings: Settings) -> Topology:
@@ -40,28 +44,27 @@ def build(settings: Settings) -> Topology:
         "hi": 1.0,
         "aggregator": "min",
         "hasher": "siphash",
-        "seed": settings.get("seed", 0),
     }
+    common = operator_settings(settings, "abuse_scores")
     codec = EventCodec(
         encoding="json",
         key_field=None,
         value_field="outcome",
         outcomes={"bad": settings.get("bad_delta", 0.04), "good": settings.get("good_delta", -0.001)},
         allow_numbers=False,
-        max_key_bytes=1024,
+        **codec_settings(settings),
     )
     raise_at = settings.get("raise_at", 0.5)
     clear_at = settings.get("clear_at", 0.25)
     emit_scores = settings.get("emit_scores", "crossings")
     latch_capacity = settings.get("latch_capacity", 100_000)
-    max_future_ms = settings.get("max_future_ms", 3_600_000)
     sweep_interval_ms = settings.get("sweep_interval_ms", 10_000)
 
     def make_operator(partition: int) -> FeedbackScoreOperator:
         return FeedbackScoreOperator(
             operator_id=operator_id, source_topic=source, partition=partition, sketch=sketch,
             codec=codec, raise_at=raise_at, clear_at=clear_at, latch_capacity=latch_capacity,
-            emit_scores=emit_scores, max_future_ms=max_future_ms, sweep_interval_ms=sweep_interval_ms,
+            emit_scores=emit_scores, sweep_interval_ms=sweep_interval_ms, **common,
         )
 
     return Topology(

@@ -10,28 +10,32 @@ key is never forwarded twice inside its window.
 Settings: ``source_topic`` (dedup-in), ``output_topic`` (dedup-out),
 ``dead_letter_topic`` (dedup-dead-letters), ``snapshot_topic``
 (dedup-snapshots), ``operator_id`` (dedup), ``capacity`` (1000000),
-``fp_rate`` (0.001), ``period_ms`` (3600000), ``seed`` (0), ``key_field``.
+``fp_rate`` (0.001), ``period_ms`` (3600000), ``key_field``.
+
+Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
+docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
+``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
-from grudge_stream.topology import Settings, Topology
+from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 
 def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "dedup-in")
     operator_id = settings.get("operator_id", "dedup")
     bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
-             "period_ms": settings.get("period_ms", 3_600_000), "seed": settings.get("seed", 0),
-             "hasher": "siphash"}
+             "period_ms": settings.get("period_ms", 3_600_000), "hasher": "siphash"}
+    common = operator_settings(settings, "dedup")
     key_field = settings.get("key_field", None)
-    codec = (EventCodec(encoding="raw") if key_field is None
-             else EventCodec(key_field=key_field, value_field=None))
+    codec = (EventCodec(encoding="raw", **codec_settings(settings)) if key_field is None
+             else EventCodec(key_field=key_field, value_field=None, **codec_settings(settings)))
 
     def make_operator(partition: int) -> DedupOperator:
         return DedupOperator(operator_id=operator_id, source_topic=source, partition=partition,
-                             bloom=bloom, codec=codec)
+                             bloom=bloom, codec=codec, **common)
 
     return Topology(
         name=settings.get("app_name", "dedup"),

@@ -13,30 +13,35 @@ Settings: ``source_topic`` (hh-requests), ``alerts_topic`` (hh-alerts),
 ``reports_topic`` (hh-top), ``dead_letter_topic`` (hh-dead-letters),
 ``snapshot_topic`` (hh-snapshots), ``operator_id`` (heavy-hitters), ``depth``
 (4), ``width`` (65536), ``epoch_ms`` (1000), ``raise_at`` (5000), ``clear_at``
-(1000), ``top_k`` (100), ``report_interval_ms`` (10000), ``seed`` (0),
+(1000), ``top_k`` (100), ``report_interval_ms`` (10000),
 ``encoding`` (raw | json).
+
+Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
+docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
+``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.heavy import HeavyHitterOperator
-from grudge_stream.topology import Settings, Topology
+from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 
 def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "hh-requests")
     operator_id = settings.get("operator_id", "heavy-hitters")
     sketch = {"depth": settings.get("depth", 4), "width": settings.get("width", 65_536),
-              "epoch_ms": settings.get("epoch_ms", 1000), "seed": settings.get("seed", 0),
-              "hasher": "siphash"}
+              "epoch_ms": settings.get("epoch_ms", 1000), "hasher": "siphash"}
+    common = operator_settings(settings, "heavy_hitters")
     encoding = settings.get("encoding", "raw")
-    codec = EventCodec(encoding="raw") if encoding == "raw" else EventCodec(value_field="weight")
+    keys = codec_settings(settings)
+    codec = EventCodec(encoding="raw", **keys) if encoding == "raw" else EventCodec(value_field="weight", **keys)
     kwargs = dict(raise_at=settings.get("raise_at", 5000.0), clear_at=settings.get("clear_at", 1000.0),
                   top_k=settings.get("top_k", 100), report_interval_ms=settings.get("report_interval_ms", 10_000))
 
     def make_operator(partition: int) -> HeavyHitterOperator:
         return HeavyHitterOperator(operator_id=operator_id, source_topic=source, partition=partition,
-                                   sketch=sketch, codec=codec, **kwargs)
+                                   sketch=sketch, codec=codec, **kwargs, **common)
 
     return Topology(
         name=settings.get("app_name", "heavy-hitters"),

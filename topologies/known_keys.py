@@ -10,23 +10,31 @@ for one to two ``period_ms``; the cache fails open at most at ``fp_rate``
 Settings: ``source_topic`` (known-keys-events), ``checks_topic``
 (known-keys-checks), ``dead_letter_topic`` (known-keys-dead-letters),
 ``snapshot_topic`` (known-keys-snapshots), ``operator_id`` (known-keys),
-``capacity`` (1000000), ``fp_rate`` (0.001), ``period_ms`` (600000), ``seed`` (0).
+``capacity`` (1000000), ``fp_rate`` (0.001), ``period_ms`` (600000).
+
+Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
+docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
+``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
 """
 from __future__ import annotations
 
-from grudge_stream.operators.knownkeys import KnownKeyOperator
-from grudge_stream.topology import Settings, Topology
+from grudge_stream.operators.codec import EventCodec
+from grudge_stream.operators.knownkeys import EVENTS, KnownKeyOperator
+from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 
 def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "known-keys-events")
     operator_id = settings.get("operator_id", "known-keys")
     bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
-             "period_ms": settings.get("period_ms", 600_000), "seed": settings.get("seed", 0),
-             "hasher": "siphash"}
+             "period_ms": settings.get("period_ms", 600_000), "hasher": "siphash"}
+    common = operator_settings(settings, "known_keys")
+
+    codec = EventCodec(value_field="event", outcomes=EVENTS, allow_numbers=False, **codec_settings(settings))
 
     def make_operator(partition: int) -> KnownKeyOperator:
-        return KnownKeyOperator(operator_id=operator_id, source_topic=source, partition=partition, bloom=bloom)
+        return KnownKeyOperator(operator_id=operator_id, source_topic=source, partition=partition, bloom=bloom,
+                                codec=codec, **common)
 
     return Topology(
         name=settings.get("app_name", "known-keys"),

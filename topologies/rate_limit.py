@@ -13,14 +13,18 @@ Settings: ``source_topic`` (ratelimit-requests), ``decisions_topic``
 (ratelimit-decisions), ``dead_letter_topic`` (ratelimit-dead-letters),
 ``snapshot_topic`` (ratelimit-snapshots), ``operator_id`` (rate-limit),
 ``rate_per_s``, ``burst``, ``reject_penalty`` (0), ``levels`` (4),
-``cells_per_level`` (100000), ``seed`` (0), ``emit`` (all | denials),
+``cells_per_level`` (100000), ``emit`` (all | denials),
 ``checkpoint_interval_s`` (5), ``restore_fallback`` (replay).
+
+Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
+docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
+``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.ratelimit import RateLimitOperator
-from grudge_stream.topology import Settings, Topology
+from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 
 def build(settings: Settings) -> Topology:
@@ -33,14 +37,14 @@ def build(settings: Settings) -> Topology:
         levels=settings.get("levels", 4),
         cells_per_level=settings.get("cells_per_level", 100_000),
         hasher="siphash",
-        seed=settings.get("seed", 0),
         emit=settings.get("emit", "all"),
     )
-    codec = EventCodec(value_field=settings.get("cost_field", "cost"), max_key_bytes=1024)
+    common = operator_settings(settings, "rate_limit")
+    codec = EventCodec(value_field=settings.get("cost_field", "cost"), **codec_settings(settings))
 
     def make_operator(partition: int) -> RateLimitOperator:
         return RateLimitOperator(operator_id=operator_id, source_topic=source, partition=partition,
-                                 codec=codec, **params)
+                                 codec=codec, **params, **common)
 
     return Topology(
         name=settings.get("app_name", "rate-limit"),

@@ -19,6 +19,7 @@ process, checkpoint) and in the operators. What this module adds to Faust:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -33,6 +34,7 @@ from faust.types import TP
 
 from grudge_stream._cyext._ingest import group_records
 from grudge_stream.checkpoint import CheckpointStore, watermarks
+from grudge_stream.exceptions import CheckpointError, DeliveryError
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.outputs import OutputPublisher
@@ -188,7 +190,8 @@ class FaustRuntime:
         self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic,
                                      chunk_bytes=settings.get("snapshot_chunk_bytes", 512 * 1024),
                                      chunk_delay_s=settings.get("snapshot_chunk_delay_s", 0.0))
-        self.publisher = OutputPublisher(self.bootstrap, topology.outputs)
+        self.publisher = OutputPublisher(self.bootstrap, topology.outputs, operator_id=topology.operator_id,
+                                         metrics=self.metrics)
         self.slots: dict[int, PartitionSlot] = {}
         self.restoring: dict[int, asyncio.Future] = {}
         self.assigned: set[int] = set()
@@ -197,6 +200,10 @@ class FaustRuntime:
         self.partition_count: int | None = None
         self.last_checkpoint = time.monotonic()
         self.stopping = False
+        # Set when processing died of an unexpected error: the state may be ahead of its
+        # outputs, so no snapshot is written after that (the next owner replays).
+        self.no_more_snapshots = False
+        self._last_failure_log = 0.0
         self.drain = settings.get("drain", "batch")
         if self.drain not in ("batch", "agent"):
             raise ValueError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
@@ -255,7 +262,8 @@ class FaustRuntime:
                 self.restoring.pop(p, None)
                 if self.partition_count is None:
                     self.partition_count = self._topic_partition_count()
-                self.slots[p] = PartitionSlot(self.topology, p, outcome, self.partition_count, self.metrics)
+                self.slots[p] = PartitionSlot(self.topology, p, outcome, self.partition_count, self.metrics,
+                                              self.publisher.dead_letter_limit())
                 if outcome.operator.next_offset is not None:
                     self.commit_limits[tp] = outcome.operator.next_offset
             slot = self.slots[p]
@@ -267,7 +275,10 @@ class FaustRuntime:
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         parts = self._source_partitions(revoked)
         async with self.lock:
-            await self._checkpoint([p for p in parts if p in self.slots])
+            try:
+                await self._checkpoint([p for p in parts if p in self.slots])
+            except Exception as exc:  # the partitions go either way; their next owner replays
+                log.error("no snapshot on revocation of %s: %s", sorted(parts), exc)
             for p in parts:
                 self.slots.pop(p, None)
                 self.store.forget(self.topology.operator_id, p)
@@ -282,6 +293,7 @@ class FaustRuntime:
     # -- processing -------------------------------------------------------------------------------
 
     async def handle(self, events: list) -> None:
+        """Process a batch of Faust events (the ``drain=agent`` path)."""
         async with self.lock:
             by_partition: dict[int, list[SourceRecord]] = defaultdict(list)
             topic = self.topology.source_topic
@@ -289,37 +301,64 @@ class FaustRuntime:
                 m = ev.message
                 by_partition[m.partition].append(SourceRecord(
                     topic, m.partition, m.offset, int(round(m.timestamp * 1000)), m.key, m.value))
-            for p, records in by_partition.items():
-                slot = self.slots.get(p)
-                if slot is None:
-                    # A record of a partition we are not (or no longer) restored for: its
-                    # new owner will process it from the snapshot position.
-                    continue
-                outputs = slot.process(records)
-                if outputs:
-                    self.publisher.publish(outputs)
+            with self._processing():
+                for p, records in by_partition.items():
+                    slot = self.slots.get(p)
+                    if slot is None:
+                        # A record of a partition we are not (or no longer) restored for: its
+                        # new owner will process it from the snapshot position.
+                        continue
+                    outputs = slot.process(records)
+                    if outputs:
+                        self.publisher.publish(outputs)
             if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
-                await self._checkpoint(list(self.slots))
+                await self._periodic_checkpoint()
 
     async def handle_records(self, batch: dict[int, list]) -> None:
         """Process fetched aiokafka records, grouped by partition (the batch drain path)."""
         async with self.lock:
             topic = self.topology.source_topic
-            for p, (offs, tss, keys, vals) in group_records(batch).items():
-                slot = self.slots.get(p)
-                if slot is None:
-                    continue
-                outputs = slot.process_columns(topic, offs, tss, keys, vals)
-                if outputs:
-                    self.publisher.publish(outputs)
+            with self._processing():
+                for p, (offs, tss, keys, vals) in group_records(batch).items():
+                    slot = self.slots.get(p)
+                    if slot is None:
+                        continue
+                    outputs = slot.process_columns(topic, offs, tss, keys, vals)
+                    if outputs:
+                        self.publisher.publish(outputs)
             if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
-                await self._checkpoint(list(self.slots))
+                await self._periodic_checkpoint()
+
+    @contextlib.contextmanager
+    def _processing(self):
+        """An unexpected error while processing leaves state ahead of its outputs: after it
+        no snapshot is written (the worker stops; the next owner replays)."""
+        try:
+            yield
+        except Exception:
+            self.no_more_snapshots = True
+            raise
+
+    async def _periodic_checkpoint(self) -> None:
+        """A checkpoint round whose failure is logged, not fatal: the previous snapshot stays
+        current and the next interval tries again."""
+        try:
+            await self._checkpoint(list(self.slots))
+        except (CheckpointError, DeliveryError) as exc:
+            self.last_checkpoint = time.monotonic()
+            if time.monotonic() - self._last_failure_log > 10:
+                self._last_failure_log = time.monotonic()
+                log.error("checkpoint failed (%s); the previous snapshot stays current, retrying at the "
+                          "next interval", exc)
 
     async def _checkpoint(self, partitions: list[int]) -> None:
+        if self.no_more_snapshots:
+            return
         loop = asyncio.get_running_loop()
         dirty = [self.slots[p] for p in partitions if p in self.slots and self.slots[p].dirty]
         if dirty:
-            await loop.run_in_executor(None, checkpoint_slots, dirty, self.store, self.publisher)
+            await loop.run_in_executor(None, checkpoint_slots, dirty, self.store, self.publisher,
+                                       lambda: self.stopping)
             for slot in dirty:
                 self.commit_limits[TP(self.topology.source_topic, slot.partition)] = slot.snapshotted_offset
         self.last_checkpoint = time.monotonic()
@@ -327,17 +366,25 @@ class FaustRuntime:
     async def checkpoint_tick(self) -> None:
         if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
             async with self.lock:
-                await self._checkpoint(list(self.slots))
+                await self._periodic_checkpoint()
 
     async def on_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
         """Graceful shutdown: a final snapshot of every partition, then flush."""
         self.stopping = True
         async with self.lock:
-            await self._checkpoint(list(self.slots))
+            try:
+                await self._checkpoint(list(self.slots))
+            except Exception as exc:
+                log.error("final snapshots not written (%s); the next owner replays from the last snapshot", exc)
+                self.no_more_snapshots = True
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.publisher.flush)
+        try:
+            await loop.run_in_executor(None, lambda: self.publisher.flush(should_stop=lambda: True))
+        except DeliveryError as exc:
+            log.error("%s", exc)
         self.store.close()
-        log.info("final snapshots written for partitions %s", sorted(self.slots))
+        if not self.no_more_snapshots:
+            log.info("final snapshots written for partitions %s", sorted(self.slots))
 
 
 def build_app(topology: Topology, settings: Settings | None = None, **faust_options: Any) -> faust.App:

@@ -10,11 +10,22 @@ Per record, in offset order:
 1. records below ``next_offset`` are skipped (they are already reflected in
    the state, e.g. after a restore from a snapshot);
 2. the record is decoded and validated; a bad one becomes a dead letter (the
-   original bytes, its source coordinates and a reason) and touches nothing;
-3. the partition's watermark advances to ``max(watermark, event time)``; the
+   original bytes, cut to fit the dead-letter topic, its source coordinates and
+   a reason) and touches nothing;
+3. event time is bounded (docs/runtime.md, "Event time under attack"): a
+   timestamp more than ``max_future_ms`` ahead of processing time is not
+   trusted: the event is applied at the current watermark (or dead-lettered,
+   ``future_policy``), so a skewed record never drags the watermark ahead,
+   whatever the partition's lag; one more than ``max_late_ms`` behind the
+   watermark is dead-lettered (or only counted, ``late_policy``) instead of
+   being applied with a weight of about zero;
+4. the partition's watermark advances to ``max(watermark, event time)``; the
    sketch runs at the watermark, never at wall-clock time, so a replay of the
    same records reproduces the same state and outputs;
-4. ``next_offset`` becomes ``offset + 1``.
+5. ``next_offset`` becomes ``offset + 1``.
+
+Every consumed record so ends one way: applied, dead-lettered, or counted in
+``late_dropped`` (``late_policy="count"``).
 
 Processing is split-invariant: feeding records in one batch or in any
 sequence of smaller batches gives identical outputs and identical snapshots.
@@ -23,17 +34,85 @@ from __future__ import annotations
 
 import abc
 import base64
+import hashlib
 import json
-import struct
+import time
 from typing import Any, ClassVar, Sequence
 
 from grudge_stream import envelope
 from grudge_stream.exceptions import ConfigError, MismatchError, SnapshotError
+from grudge_stream.hashkey import HashKey, key_fingerprint
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 
 SNAPSHOT_VERSION = 1
-_SECTION = struct.Struct("<Q")
+FUTURE_POLICIES = ("clamp", "dead_letter")
+LATE_POLICIES = ("dead_letter", "count")
+AUTO = "auto"
+# Kafka's default max.message.bytes (1 MiB + 12) less headroom for the record framing: the
+# dead-letter budget when the runtime has not read the topic's own limit.
+DEFAULT_DEAD_LETTER_LIMIT = 1_000_000
+# Record keys up to this size are kept as the dead letter's Kafka key; longer ones are
+# replaced by their SHA-256 (the full key, cut to fit, stays in the body).
+DEAD_LETTER_KEY_BYTES = 1024
+_REASON_CHARS = 2000
+
+
+def default_time_bounds(time_scale_ms: float | None) -> tuple[int, int]:
+    """``(max_future_ms, max_late_ms)`` scaled to an operator's decay time constant.
+
+    Future: 5% of the time constant, within [1 s, 60 s]: records stamped that far ahead
+    cost at most ~5% of a late event's weight. Late: 14 time constants (a weight of
+    e^-14 ~ 1e-6 is noise), within [60 s, 1 day]. Without a time constant: 60 s and 1 day.
+    """
+    if not time_scale_ms or time_scale_ms <= 0 or time_scale_ms != time_scale_ms:
+        return 60_000, 86_400_000
+    fut = int(min(60_000, max(1_000, 0.05 * time_scale_ms)))
+    late = int(min(86_400_000, max(60_000, 14 * time_scale_ms)))
+    return fut, late
+
+
+def _cut_field(data: bytes | None, budget_chars: int) -> tuple[dict, int]:
+    """A dead-letter field for ``data``: base64 of as much as ``budget_chars`` allows, with the
+    full length and SHA-256 whenever it had to be cut. Returns (fields, chars used)."""
+    if data is None:
+        return {"b64": None}, 4
+    full = -(-len(data) // 3) * 4
+    if full <= budget_chars:
+        return {"b64": base64.b64encode(data).decode("ascii")}, full + 8
+    keep = max(0, budget_chars // 4 * 3)
+    return {"b64": base64.b64encode(data[:keep]).decode("ascii"), "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(), "truncated": True}, keep // 3 * 4 + 140
+
+
+def dead_letter_record(operator_id: str, reason: str, source: dict | None, key: bytes | None,
+                       value: bytes | None, limit: int = DEFAULT_DEAD_LETTER_LIMIT,
+                       extra: dict | None = None) -> OutputRecord:
+    """A dead letter that fits in ``limit`` bytes (Kafka key + value).
+
+    The original key and value travel base64-encoded as ``key_b64`` / ``value_b64``; a
+    field that does not fit is cut, and ``key_bytes``/``key_sha256`` (``value_...``) keep
+    its length and digest so the original can be matched on the source topic at
+    ``source.partition`` / ``source.offset``.
+    """
+    reason = reason if len(reason) <= _REASON_CHARS else reason[:_REASON_CHARS] + "..."
+    rkey = key
+    if key is not None and len(key) > DEAD_LETTER_KEY_BYTES:
+        rkey = b"sha256:" + hashlib.sha256(key).hexdigest().encode()
+    body: dict[str, Any] = {"reason": reason, "operator": operator_id, "source": source}
+    if extra:
+        body.update(extra)
+    fixed = len(json.dumps(body, separators=(",", ":"))) + (len(rkey) if rkey else 0) + 400
+    room = max(0, limit - fixed)
+    kf, used = _cut_field(key, room if value is None else max(room // 2, room - (-(-len(value) // 3) * 4)))
+    vf, _ = _cut_field(value, room - used)
+    for name, fields in (("key", kf), ("value", vf)):
+        body[name + "_b64"] = fields["b64"]
+        if fields.get("truncated"):
+            body[name + "_bytes"] = fields["bytes"]
+            body[name + "_sha256"] = fields["sha256"]
+            body[name + "_truncated"] = True
+    return OutputRecord("dead_letters", rkey, json.dumps(body, separators=(",", ":")).encode())
 
 
 class Operator(abc.ABC):
@@ -42,24 +121,78 @@ class Operator(abc.ABC):
     kind: ClassVar[str] = "operator"
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int,
-                 codec: EventCodec, max_future_ms: int | None = 3_600_000) -> None:
+                 codec: EventCodec, max_future_ms: int | str | None = AUTO,
+                 future_policy: str = "clamp", max_late_ms: int | str | None = AUTO,
+                 late_policy: str = "dead_letter", hash_key: HashKey | None = None) -> None:
+        """Common operator settings.
+
+        - ``max_future_ms``: how far ahead of processing time (the wall clock when the
+          record is processed) an event time may be; ``"auto"`` scales it to the decay
+          (``default_time_bounds``), ``None`` disables the bound.
+        - ``future_policy``: ``clamp`` (default: the event is applied at the current
+          watermark — its evidence kept, its timestamp ignored) or ``dead_letter``.
+        - ``max_late_ms``: how far behind the watermark an event may be and still be
+          applied (``"auto"``: scaled to the decay; ``None``: no bound).
+        - ``late_policy``: ``dead_letter`` (default) or ``count`` (only counted).
+        - ``hash_key``: the secret SipHash key of sketches over public keys; never
+          serialized, only its fingerprint (``grudge_stream.hashkey``).
+        """
         if not operator_id:
             raise ConfigError("operator_id must be a non-empty string")
         if partition < 0:
             raise ConfigError("partition must be >= 0")
-        if max_future_ms is not None and max_future_ms < 0:
-            raise ConfigError("max_future_ms must be >= 0 or None")
+        for name, v in (("max_future_ms", max_future_ms), ("max_late_ms", max_late_ms)):
+            if v is not None and v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{name} must be 'auto', None or an integer >= 0, not {v!r}")
+        if future_policy not in FUTURE_POLICIES:
+            raise ConfigError(f"future_policy must be one of {FUTURE_POLICIES}, not {future_policy!r}")
+        if late_policy not in LATE_POLICIES:
+            raise ConfigError(f"late_policy must be one of {LATE_POLICIES}, not {late_policy!r}")
+        if hash_key is not None and not isinstance(hash_key, HashKey):
+            raise ConfigError("hash_key must be a grudge_stream.hashkey.HashKey")
         self.operator_id = operator_id
         self.source_topic = source_topic
         self.partition = partition
         self.codec = codec
-        self.max_future_ms = max_future_ms
+        self._time_bounds_raw = (max_future_ms, max_late_ms)
+        self._time_bounds: tuple[int | None, int | None] | None = None
+        self.future_policy = future_policy
+        self.late_policy = late_policy
+        self.hash_key = hash_key
+        # The dead-letter topic's message limit; runtimes set it from the broker.
+        self.dead_letter_limit = DEFAULT_DEAD_LETTER_LIMIT
         self.next_offset: int | None = None
         self.watermark: int | None = None
         # Deterministic functions of the record stream: part of the snapshot.
-        self.counters: dict[str, int] = {"events": 0, "dead_letters": 0, "late": 0}
+        self.counters: dict[str, int] = {"events": 0, "dead_letters": 0, "late": 0,
+                                         "future_clamped": 0, "late_dropped": 0}
         # Records below next_offset that a runtime re-delivered (not state: differs per run).
         self.skipped = 0
+
+    def time_scale_ms(self) -> float | None:
+        """The operator's decay time constant in ms (None: no decay); scales the time bounds."""
+        return None
+
+    def _bounds(self) -> tuple[int | None, int | None]:
+        if self._time_bounds is None:
+            fut, late = self._time_bounds_raw
+            dfut, dlate = default_time_bounds(self.time_scale_ms())
+            self._time_bounds = (dfut if fut == AUTO else fut, dlate if late == AUTO else late)
+        return self._time_bounds
+
+    @property
+    def max_future_ms(self) -> int | None:
+        return self._bounds()[0]
+
+    @property
+    def max_late_ms(self) -> int | None:
+        return self._bounds()[1]
+
+    def _keyed(self, sketch: Any) -> Any:
+        """``sketch`` hashing under this operator's secret key (if it has one)."""
+        if self.hash_key is not None:
+            sketch.use_hash_key(self.hash_key.material)
+        return sketch
 
     # -- identity -----------------------------------------------------------------------------
 
@@ -73,6 +206,10 @@ class Operator(abc.ABC):
             "operator_id": self.operator_id,
             "codec": self.codec.to_dict(),
             "max_future_ms": self.max_future_ms,
+            "future_policy": self.future_policy,
+            "max_late_ms": self.max_late_ms,
+            "late_policy": self.late_policy,
+            "hash_key": key_fingerprint(self.hash_key),
             **self.config_dict(),
         }
 
@@ -82,8 +219,12 @@ class Operator(abc.ABC):
 
     # -- processing ---------------------------------------------------------------------------
 
-    def process(self, records: Sequence[SourceRecord]) -> list[OutputRecord]:
+    def process(self, records: Sequence[SourceRecord], processing_ms: int | None = None) -> list[OutputRecord]:
+        """Process records of this partition in offset order; ``processing_ms`` is the
+        processing time the future bound is measured from (default: the wall clock now)."""
         out: list[OutputRecord] = []
+        fut_limit, late_limit = self._limits(processing_ms)
+        counters = self.counters
         for rec in records:
             if rec.partition != self.partition or rec.topic != self.source_topic:
                 raise ValueError(
@@ -93,42 +234,62 @@ class Operator(abc.ABC):
             if self.next_offset is not None and rec.offset < self.next_offset:
                 self.skipped += 1
                 continue
+            self.next_offset = rec.offset + 1
             try:
                 ev = self.codec.decode(rec.key, rec.value, rec.timestamp_ms)
-                self._check_future(ev, rec)
                 self.validate_event(ev)
+                ts = ev.ts_ms
+                if fut_limit is not None and ts > fut_limit:
+                    if self.future_policy == "dead_letter":
+                        raise BadRecord(self.time_reason(1, ts, self.watermark, fut_limit))
+                    counters["future_clamped"] += 1
+                    # Its time cannot be trusted: it happens "now" in stream terms, at the
+                    # watermark, and so never moves the partition's clock.
+                    ts = self.watermark if self.watermark is not None else fut_limit
+                wm = self.watermark
+                if wm is not None and late_limit is not None and wm - ts > late_limit:
+                    counters["late_dropped"] += 1
+                    if self.late_policy == "dead_letter":
+                        raise BadRecord(self.time_reason(2, ts, wm, fut_limit))
+                    continue
             except BadRecord as exc:
                 out.append(self.dead_letter(rec, str(exc)))
             else:
-                wm = self.watermark
-                if wm is None or ev.ts_ms > wm:
-                    wm = self.watermark = ev.ts_ms
+                if wm is None or ts > wm:
+                    wm = self.watermark = ts
                     late = 0
                 else:
-                    late = wm - ev.ts_ms
+                    late = wm - ts
                     if late:
-                        self.counters["late"] += 1
-                self.counters["events"] += 1
-                self.apply(ev, rec, wm, late, out)
-            self.next_offset = rec.offset + 1
+                        counters["late"] += 1
+                counters["events"] += 1
+                self.apply(ev if ts == ev.ts_ms else ev._replace(ts_ms=ts), rec, wm, late, out)
         return out
 
+    def time_reason(self, code: int, ts: int, wm: int | None, fut_limit: int | None) -> str:
+        """The dead-letter reason of an event time out of bounds (code 1: future, 2: late)."""
+        if code == 1:
+            assert fut_limit is not None and self.max_future_ms is not None
+            return (f"event time {ts} is {ts - fut_limit + self.max_future_ms} ms ahead of processing "
+                    f"time (limit max_future_ms={self.max_future_ms})")
+        return (f"event time {ts} is {wm - ts} ms behind the partition's watermark {wm} "  # type: ignore[operator]
+                f"(limit max_late_ms={self.max_late_ms})")
+
+    def _limits(self, processing_ms: int | None) -> tuple[int | None, int | None]:
+        """(latest event time accepted as is, largest lateness) for one batch."""
+        fut, late = self._bounds()
+        if fut is None:
+            return None, late
+        if processing_ms is None:
+            processing_ms = time.time_ns() // 1_000_000
+        return processing_ms + fut, late
+
     def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
-                        keys: list, values: list) -> list[OutputRecord]:
+                        keys: list, values: list, processing_ms: int | None = None) -> list[OutputRecord]:
         """``process`` over one partition's records given as columns (what batch runtimes
         read). Operators with a vectorized path override it; results are identical."""
         return self.process([SourceRecord(topic, partition, o, t, k, v)
-                             for o, t, k, v in zip(offsets, timestamps, keys, values)])
-
-    def _check_future(self, ev: Event, rec: SourceRecord) -> None:
-        if self.max_future_ms is None:
-            return
-        ref = rec.timestamp_ms if self.watermark is None else max(self.watermark, rec.timestamp_ms)
-        if ev.ts_ms > ref + self.max_future_ms:
-            raise BadRecord(
-                f"event time {ev.ts_ms} is {ev.ts_ms - ref} ms ahead of the stream "
-                f"(limit {self.max_future_ms} ms)"
-            )
+                             for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
 
     def validate_event(self, ev: Event) -> None:
         """Operator-specific checks beyond the codec's; raise BadRecord to dead-letter."""
@@ -140,15 +301,11 @@ class Operator(abc.ABC):
 
     def dead_letter(self, rec: SourceRecord, reason: str) -> OutputRecord:
         self.counters["dead_letters"] += 1
-        body = {
-            "reason": reason,
-            "operator": self.operator_id,
-            "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-                       "timestamp_ms": rec.timestamp_ms},
-            "key_b64": None if rec.key is None else base64.b64encode(rec.key).decode("ascii"),
-            "value_b64": None if rec.value is None else base64.b64encode(rec.value).decode("ascii"),
-        }
-        return OutputRecord("dead_letters", rec.key, json.dumps(body, separators=(",", ":")).encode())
+        return dead_letter_record(
+            self.operator_id, reason,
+            {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
+             "timestamp_ms": rec.timestamp_ms},
+            rec.key, rec.value, self.dead_letter_limit)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -174,6 +331,7 @@ class Operator(abc.ABC):
             "operator_kind": self.kind,
             "operator_id": self.operator_id,
             "fingerprint": self.fingerprint,
+            "hash_key_fingerprint": key_fingerprint(self.hash_key),
             "source_topic": self.source_topic,
             "partition": self.partition,
             "next_offset": self.next_offset,
@@ -191,6 +349,14 @@ class Operator(abc.ABC):
         another configuration, topic or partition; the current state is untouched then.
         """
         header, payload = read_snapshot(blob)
+        theirs = header.get("hash_key_fingerprint")
+        if theirs is not None and theirs != key_fingerprint(self.hash_key):
+            raise MismatchError(
+                f"snapshot of {header.get('operator_id')!r} was written under another hash key "
+                f"(fingerprint {theirs}; this worker's is {key_fingerprint(self.hash_key)}). "
+                "Operator action: start the worker with the seed / seed_file that wrote it, or "
+                "replay the partition from its earliest retained offset under the new key."
+            )
         if header.get("fingerprint") != self.fingerprint:
             raise MismatchError(
                 f"snapshot of {header.get('operator_id')!r} has config fingerprint "
@@ -213,7 +379,9 @@ class Operator(abc.ABC):
                 raise SnapshotError("operator snapshot sections do not cover the payload")
             next_offset = header["next_offset"]
             watermark = header["watermark"]
-            counters = {k: int(v) for k, v in header["counters"].items()}
+            # Counters a snapshot of an older release lacks start at zero.
+            counters = {**{k: 0 for k in self.counters},
+                        **{k: int(v) for k, v in header["counters"].items()}}
             self.load_sections(sections, header["scalars"])
         except SnapshotError:
             raise

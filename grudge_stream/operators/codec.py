@@ -44,6 +44,8 @@ class EventCodec:
       -0.001}``); when set, the value field must be one of its keys, or a number
       if ``allow_numbers`` is true.
     - ``max_key_bytes``: longer keys are dead-lettered (0 = no limit).
+    - ``allow_empty_keys``: an empty key (``b""``) is dead-lettered unless this is true:
+      every empty-keyed producer would otherwise share one key's state.
     """
 
     encoding: str = "json"
@@ -53,6 +55,7 @@ class EventCodec:
     outcomes: Mapping[str, float] | None = None
     allow_numbers: bool = True
     max_key_bytes: int = 0
+    allow_empty_keys: bool = False
     _outcome_map: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     # value bytes -> decoded value (float) or BadRecord reason (str), for codecs whose result
     # depends on the value bytes alone (key and time from the record): payloads repeat a lot.
@@ -76,6 +79,7 @@ class EventCodec:
             "outcomes": dict(sorted(self.outcomes.items())) if self.outcomes else None,
             "allow_numbers": self.allow_numbers,
             "max_key_bytes": self.max_key_bytes,
+            "allow_empty_keys": self.allow_empty_keys,
         }
 
     def decode(self, key: bytes | None, value: bytes | None, record_ts_ms: int) -> Event:
@@ -170,6 +174,8 @@ class EventCodec:
         return fv
 
     def _check_key(self, k: bytes) -> bytes:
+        if not k and not self.allow_empty_keys:
+            raise BadRecord("empty key (allow_empty_keys is off)")
         if self.max_key_bytes and len(k) > self.max_key_bytes:
             raise BadRecord(f"key is {len(k)} bytes, over the limit of {self.max_key_bytes}")
         return k

@@ -9,6 +9,8 @@ twice within its memory window.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from grudge_stream.operators.codec import Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.operators.stateful import BloomOperator
@@ -18,14 +20,14 @@ class DedupOperator(BloomOperator):
     kind = "dedup"
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
-                 codec: EventCodec | None = None, max_future_ms: int | None = 3_600_000) -> None:
+                 codec: EventCodec | None = None, **common: Any) -> None:
         codec = codec or EventCodec(encoding="raw")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
-                         codec=codec, max_future_ms=max_future_ms)
+                         codec=codec, **common)
         from grudge_stream import ForgettingBloom
 
         self.bloom_config = dict(bloom)
-        self.bloom = ForgettingBloom(**self.bloom_config)
+        self.bloom = self._keyed(ForgettingBloom(**self.bloom_config))
         self.counters.update(forwarded=0, duplicates=0)
 
     def config_dict(self) -> dict:

@@ -11,6 +11,7 @@ each report.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import AlertLatch, key_fields
@@ -25,10 +26,10 @@ class HeavyHitterOperator(SketchAlertOperator):
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
                  top_k: int = 100, report_interval_ms: int = 10_000, latch_capacity: int = 100_000,
-                 max_future_ms: int | None = 3_600_000) -> None:
+                 **common: Any) -> None:
         codec = codec or EventCodec(encoding="raw")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
-                         codec=codec, max_future_ms=max_future_ms)
+                         codec=codec, **common)
         from grudge_stream import DecayingCountMin
 
         if report_interval_ms < 1:
@@ -37,11 +38,15 @@ class HeavyHitterOperator(SketchAlertOperator):
             raise ConfigError("top_k must be >= 0")
         self.sketch_config = dict(sketch)
         self.top_k = int(top_k)
-        self.sketch = DecayingCountMin(**self.sketch_config, top_k=self.top_k)
+        self.sketch = self._keyed(DecayingCountMin(**self.sketch_config, top_k=self.top_k))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.report_interval_ms = int(report_interval_ms)
         self._next_report: int | None = None
         self.counters.update(alerts_raised=0, alerts_cleared=0, reports=0)
+
+    def time_scale_ms(self) -> float | None:
+        epoch = self.sketch_config.get("epoch_ms", 1_000)
+        return None if not epoch else epoch / 0.6931471805599453  # counters halve each epoch
 
     def config_dict(self) -> dict:
         return {"sketch": self.sketch_config, "top_k": self.top_k, "raise_at": self.latch.raise_at,

@@ -19,6 +19,7 @@ generation is forgotten (one to two ``period_ms``).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
@@ -32,14 +33,14 @@ class KnownKeyOperator(BloomOperator):
     kind = "known_keys"
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
-                 codec: EventCodec | None = None, max_future_ms: int | None = 3_600_000) -> None:
+                 codec: EventCodec | None = None, **common: Any) -> None:
         codec = codec or EventCodec(value_field="event", outcomes=EVENTS, allow_numbers=False)
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
-                         codec=codec, max_future_ms=max_future_ms)
+                         codec=codec, **common)
         from grudge_stream import ForgettingBloom
 
         self.bloom_config = dict(bloom)
-        self.bloom = ForgettingBloom(**self.bloom_config)
+        self.bloom = self._keyed(ForgettingBloom(**self.bloom_config))
         self.counters.update(checks=0, skipped=0, accepted=0, rejected=0)
 
     def config_dict(self) -> dict:

@@ -11,6 +11,7 @@ never be admitted).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.base import Operator
@@ -25,12 +26,12 @@ class RateLimitOperator(Operator):
                  burst: float, reject_penalty: float = 0.0, max_debt: float | None = None,
                  levels: int = 4, cells_per_level: int = 100_000, hasher: str = "siphash", seed: int = 0,
                  codec: EventCodec | None = None, emit: str = "all",
-                 max_future_ms: int | None = 3_600_000) -> None:
+                 **common: Any) -> None:
         from grudge_stream.recipes import TokenBucket
 
         codec = codec or EventCodec(value_field="cost", encoding="json")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
-                         codec=codec, max_future_ms=max_future_ms)
+                         codec=codec, **common)
         if emit not in ("all", "denials"):
             raise ValueError("emit must be 'all' or 'denials'")
         self.params = {"rate_per_s": float(rate_per_s), "burst": float(burst),
@@ -40,7 +41,11 @@ class RateLimitOperator(Operator):
         self.emit = emit
         self._cls = TokenBucket
         self.bucket = TokenBucket(**self.params)
+        self._keyed(self.bucket.sketch)
         self.counters.update(allowed=0, denied=0)
+
+    def time_scale_ms(self) -> float | None:
+        return 1000.0 * self.params["burst"] / self.params["rate_per_s"] if self.params["rate_per_s"] > 0 else None
 
     def config_dict(self) -> dict:
         return {"bucket": self.params, "emit": self.emit}
@@ -67,7 +72,7 @@ class RateLimitOperator(Operator):
     def load_sections(self, sections: dict, scalars: dict) -> None:
         from grudge_stream import ScoreSketch
 
-        sketch = ScoreSketch.from_bytes(bytes(sections["sketch"]))
+        sketch = self._keyed(ScoreSketch.from_bytes(bytes(sections["sketch"])))
         if sketch.config != self.bucket.sketch.config:
             raise ValueError("token-bucket sketch was written under another configuration")
         self.bucket = self._cls.from_sketch(sketch, burst=self.params["burst"],

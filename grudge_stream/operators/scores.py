@@ -44,22 +44,31 @@ class FeedbackScoreOperator(SketchAlertOperator):
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
                  latch_capacity: int = 100_000, sweep_interval_ms: int = 10_000,
-                 emit_scores: str = "crossings", max_future_ms: int | None = 3_600_000) -> None:
+                 emit_scores: str = "crossings", **common: Any) -> None:
         codec = codec or EventCodec(outcomes={"bad": 0.04, "good": -0.001}, value_field="outcome")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
-                         codec=codec, max_future_ms=max_future_ms)
+                         codec=codec, **common)
         if emit_scores not in EMIT_MODES:
             raise ConfigError(f"emit_scores must be one of {EMIT_MODES}, not {emit_scores!r}")
         if sweep_interval_ms < 1:
             raise ConfigError("sweep_interval_ms must be >= 1")
         self.sketch_config = dict(sketch)
-        self.sketch = build_score_sketch(self.sketch_config)
+        self.sketch = self._keyed(build_score_sketch(self.sketch_config))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.sweep_interval_ms = int(sweep_interval_ms)
         self.emit_scores = emit_scores
         self._lam_per_ms = decay_lambda_per_ms(self.sketch_config)
         self._next_sweep: int | None = None
         self.counters.update(alerts_raised=0, alerts_cleared=0)
+
+    def time_scale_ms(self) -> float | None:
+        decay = self.sketch_config.get("decay", {"kind": "exponential", "lambda_per_s": 0.01})
+        if decay.get("kind") == "exponential" and float(decay["lambda_per_s"]) > 0:
+            return 1000.0 / float(decay["lambda_per_s"])
+        if decay.get("kind") == "linear" and float(decay["rate_per_s"]) > 0:
+            span = float(self.sketch_config.get("hi", 1.0)) - float(self.sketch_config.get("lo", 0.0))
+            return 1000.0 * span / float(decay["rate_per_s"]) if span != float("inf") else None
+        return None
 
     def config_dict(self) -> dict:
         return {
@@ -92,7 +101,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
     # -- the batch path ----------------------------------------------------------------------
 
     def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
-                        keys: list, values: list) -> list[OutputRecord]:
+                        keys: list, values: list, processing_ms: int | None = None) -> list[OutputRecord]:
         """``process`` over one partition's records given as columns; identical results.
 
         The per-record work is a cached payload lookup (Cython), the sketch update is one
@@ -101,7 +110,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
         """
         if not self.codec.value_only or self.emit_scores == "every":
             return self.process([SourceRecord(topic, partition, o, t, k, v)
-                                 for o, t, k, v in zip(offsets, timestamps, keys, values)])
+                                 for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
         if partition != self.partition or topic != self.source_topic:
             raise ValueError(f"operator for {self.source_topic}[{self.partition}] got {topic}[{partition}]")
         if not offsets:
@@ -113,14 +122,32 @@ class FeedbackScoreOperator(SketchAlertOperator):
         codec = self.codec
         idx, deltas, ts, bad = _ingest.decode_column(
             keys, values, timestamps, start, codec._cache, codec.decode_value_or_reason,
-            codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES)
+            codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, codec.allow_empty_keys)
         tagged: list[tuple[int, int, OutputRecord]] = []
         for i, reason in bad:
             rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
             tagged.append((offsets[i], 0, self.dead_letter(rec, reason)))
         n = len(idx)
         if n:
-            now, weighted, late = _ingest.watermark_and_weights(ts, deltas, self.watermark, self._lam_per_ms)
+            fut_limit, late_limit = self._limits(processing_ms)
+            now, weighted, late, clamped, dropped = _ingest.watermark_and_weights(
+                ts, deltas, self.watermark, self._lam_per_ms, fut_limit, self.future_policy == "clamp",
+                late_limit)
+            self.counters["future_clamped"] += clamped
+            if dropped:
+                keep = np.ones(n, dtype=bool)
+                for j, code, t, wm in dropped:
+                    keep[j] = False
+                    if code == 2:
+                        self.counters["late_dropped"] += 1
+                        if self.late_policy == "count":
+                            continue
+                    i = int(idx[j])
+                    rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
+                    tagged.append((offsets[i], 0, self.dead_letter(rec, self.time_reason(code, t, wm, fut_limit))))
+                idx = idx[keep]
+                n = len(idx)
+        if n:
             self.watermark = int(now[-1])
             self.counters["events"] += n
             self.counters["late"] += late

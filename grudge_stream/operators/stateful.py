@@ -29,7 +29,13 @@ class SketchAlertOperator(Operator):
 
     def load_sections(self, sections: dict, scalars: dict) -> None:
         """Build the new sketch and latch first; adopt them only when both are valid."""
-        sketch = type(self.sketch).from_bytes(bytes(sections["sketch"]))
+        sketch_cls = type(self.sketch)
+        if self.hash_key is not None and sketch_cls.__name__ == "DecayingCountMin":
+            # Its top-k candidates are checked against their hashes while loading.
+            sketch = sketch_cls.from_bytes(bytes(sections["sketch"]), hash_key=self.hash_key.material)
+        else:
+            sketch = sketch_cls.from_bytes(bytes(sections["sketch"]))
+        sketch = self._keyed(sketch)
         if sketch.config != self.sketch.config:
             raise ValueError("sketch section was written under another sketch configuration")
         latch = AlertLatch(self.latch.raise_at, self.latch.clear_at, self.latch.capacity)
@@ -49,11 +55,14 @@ class BloomOperator(Operator):
 
     bloom: Any
 
+    def time_scale_ms(self) -> float | None:
+        return self.bloom_config.get("period_ms")
+
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("bloom", self.bloom.to_bytes())]
 
     def load_sections(self, sections: dict, scalars: dict) -> None:
-        bloom = type(self.bloom).from_bytes(bytes(sections["bloom"]))
+        bloom = self._keyed(type(self.bloom).from_bytes(bytes(sections["bloom"])))
         if bloom.config != self.bloom.config:
             raise ValueError("bloom section was written under another configuration")
         self.bloom = bloom

@@ -10,8 +10,12 @@ they go to the operators in one call per partition.
   callback, before the partition is fetched, and assigned at the snapshot's
   ``next_offset`` (its earliest retained offset for a fresh or replayed one).
 - **Checkpoints**: every ``checkpoint_interval_s``, on revocation and on
-  shutdown: outputs flushed, snapshot written, then the snapshot's offset
-  committed for the group (commits never run ahead of durable state).
+  shutdown: outputs flushed (every output delivered or dead-lettered),
+  snapshot written, then the snapshot's offset committed for the group
+  (commits never run ahead of durable state). A failed round is logged and
+  retried at the next interval; the previous snapshot stays current. After an
+  unexpected error no snapshot is written at all (the state may be ahead of
+  its outputs): the next owner replays from the last good one.
 - **Exactly-once outputs** (``exactly_once=true``): a transactional producer
   carries the outputs, the snapshot chunks and manifest, and the source
   offsets (``send_offsets_to_transaction``) of each checkpoint interval in one
@@ -40,7 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore, watermarks
-from grudge_stream.exceptions import CheckpointError, ConfigError
+from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.metrics import Metrics
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, checkpoint_slots, restore_partition
@@ -75,6 +79,10 @@ class BatchWorker:
         self.stopping = threading.Event()
         self.last_checkpoint = time.monotonic()
         self.in_txn = False
+        # Set when the loop dies of an unexpected error, or outputs could not be delivered on
+        # the way out: no snapshot is written after that (it could cover lost outputs).
+        self.no_more_snapshots = False
+        self._last_failure_log = 0.0
         conf = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.app_id,
@@ -104,7 +112,8 @@ class BatchWorker:
                 "transaction.timeout.ms": int(settings.get("transaction_timeout_s", 60.0) * 1000),
             })
             self.producer.init_transactions(60)
-        self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=self.producer)
+        self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=self.producer,
+                                         operator_id=topology.operator_id, metrics=self.metrics)
         self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic,
                                      chunk_bytes=settings.get("snapshot_chunk_bytes", 512 * 1024),
                                      chunk_delay_s=settings.get("snapshot_chunk_delay_s", 0.0),
@@ -129,7 +138,7 @@ class BatchWorker:
             outcome = restore_partition(self.topology, self.store, tp.partition, self._count(),
                                         lambda p=tp.partition: self._low(p), self.metrics)
             self.slots[tp.partition] = PartitionSlot(self.topology, tp.partition, outcome, self._count(),
-                                                     self.metrics)
+                                                     self.metrics, self.publisher.dead_letter_limit())
             start = outcome.operator.next_offset
             tp.offset = start if start is not None else OFFSET_BEGINNING
             self.assigned.add(tp.partition)
@@ -140,7 +149,10 @@ class BatchWorker:
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
         try:
-            self.checkpoint([p for p in revoked if p in self.slots])
+            if not self.no_more_snapshots:
+                self.checkpoint([p for p in revoked if p in self.slots])
+        except DeliveryError as exc:
+            log.error("no snapshot on revocation: %s; the next owner replays from the last snapshot", exc)
         except Exception:  # the partitions are gone either way; the next owner replays from the last snapshot
             log.exception("checkpoint on revocation failed")
         for p in revoked:
@@ -160,13 +172,16 @@ class BatchWorker:
             self.in_txn = True
 
     def checkpoint(self, partitions: list[int] | None = None) -> None:
+        if self.no_more_snapshots:
+            return
         parts = sorted(self.slots) if partitions is None else partitions
         dirty = [p for p in parts if p in self.slots and self.slots[p].dirty]
         if self.exactly_once:
             if not self.in_txn and not dirty:
                 return
             self._begin()
-        checkpoint_slots([self.slots[p] for p in dirty], self.store, None if self.exactly_once else self.publisher)
+        checkpoint_slots([self.slots[p] for p in dirty], self.store, None if self.exactly_once else self.publisher,
+                         self.stopping.is_set)
         offsets = [TopicPartition(self.topic, p, self.slots[p].snapshotted_offset) for p in dirty
                    if self.slots[p].snapshotted_offset is not None]
         if self.exactly_once:
@@ -193,6 +208,7 @@ class BatchWorker:
         interval = self.topology.checkpoint_interval_s
         batch_wait = self.batch_max_wait_ms / 1000.0
         topic = self.topic
+        clean = False
         try:
             while not self.stopping.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=batch_wait)
@@ -210,15 +226,37 @@ class BatchWorker:
                             self._begin()
                             self.publisher.publish(out)
                 if time.monotonic() - self.last_checkpoint >= interval:
-                    self.checkpoint()
+                    self._periodic_checkpoint()
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except DeliveryError as exc:
+                log.error("final snapshots not written: %s; the next owner replays from the last snapshot", exc)
+                self.no_more_snapshots = True
+            clean = True
             return 0
         finally:
+            if not clean:
+                self.no_more_snapshots = True
+            self.stopping.set()
             self.consumer.close()
             if self._http is not None:
                 self._http.shutdown()
             self.store.close()
+
+    def _periodic_checkpoint(self) -> None:
+        """A checkpoint round whose failure (a broker outage, say) is logged, not fatal: the
+        previous snapshot stays current and the next interval tries again."""
+        try:
+            self.checkpoint()
+        except (CheckpointError, DeliveryError) as exc:
+            if self.exactly_once or self.stopping.is_set():
+                raise
+            self.last_checkpoint = time.monotonic()
+            if time.monotonic() - self._last_failure_log > 10:
+                self._last_failure_log = time.monotonic()
+                log.error("checkpoint failed (%s); the previous snapshot stays current, retrying at the "
+                          "next interval", exc)
 
     def _start_http(self) -> None:
         worker = self

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -95,7 +96,7 @@ class Harness:
             "cells_per_level": "5000",
             "checkpoint_interval_s": "1.0",
             "snapshot_chunk_bytes": "65536",
-            "seed": "99",
+            "seed": secrets.token_hex(16),
             "bootstrap_servers": bootstrap,
         }
         self.overrides.update({k: str(v) for k, v in settings.items()})

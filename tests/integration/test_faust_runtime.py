@@ -244,7 +244,7 @@ def test_event_time_makes_processing_speed_irrelevant(harness) -> None:
     w = fast.start_worker()
     fast.wait_caught_up()
     assert w.stop() == 0
-    slow = harness(partitions=2, operator_id=fast.overrides["operator_id"])
+    slow = harness(partitions=2, operator_id=fast.overrides["operator_id"], seed=fast.overrides["seed"])
     w = slow.start_worker()
     for i in range(0, len(events), 2000):
         slow.produce(events[i:i + 2000], partition_of=lambda j, key: sum(key) % 2)

@@ -149,18 +149,24 @@ def test_bad_records_are_dead_lettered_and_touch_nothing() -> None:
     assert strip(out) == strip(ref_out)
 
 
-def test_future_records_are_dead_lettered_not_fast_forwarding_the_clock() -> None:
+def test_future_records_do_not_fast_forward_the_clock() -> None:
     codec = EventCodec(value_field="outcome", outcomes={"bad": 0.1}, time_field="ts")
-    op = score_op(codec=codec, max_future_ms=60_000)
     recs = [
         SourceRecord(TOPIC, 0, 0, 1_000_000, b"a", b'{"outcome":"bad","ts":1000000}'),
         SourceRecord(TOPIC, 0, 1, 1_000_100, b"a", b'{"outcome":"bad","ts":99000000}'),
         SourceRecord(TOPIC, 0, 2, 1_000_200, b"a", b'{"outcome":"bad","ts":1000150}'),
     ]
-    out = op.process(recs)
+    # dead_letter policy: the record is refused with its reason
+    op = score_op(codec=codec, max_future_ms=60_000, future_policy="dead_letter")
+    out = op.process(recs, processing_ms=1_000_200)
     dead = [json.loads(o.value) for o in out if o.role == "dead_letters"]
     assert len(dead) == 1 and "ahead" in dead[0]["reason"] and dead[0]["source"]["offset"] == 1
     assert op.watermark == 1_000_150
+    # clamp policy (the default): applied at the bound, counted
+    op = score_op(codec=codec, max_future_ms=60_000)
+    out = op.process(recs, processing_ms=1_000_200)
+    assert not [o for o in out if o.role == "dead_letters"]
+    assert op.watermark == 1_000_150 and op.counters["future_clamped"] == 1
 
 
 def test_late_events_are_preweighted_so_order_does_not_matter() -> None:

@@ -1,6 +1,8 @@
 """Every shipped topology builds, runs its operator on sample records and round-trips its state."""
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
 from grudge_stream import ConfigError
@@ -18,7 +20,8 @@ SAMPLES = {
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_topology_runs_and_round_trips(name: str) -> None:
-    topo = load_topology(name, Settings({"cells_per_level": "1000", "capacity": "1000", "width": "1024"},
+    topo = load_topology(name, Settings({"cells_per_level": "1000", "capacity": "1000", "width": "1024",
+                                         "seed": secrets.token_hex(16)},
                                         environ={}))
     assert "dead_letters" in topo.outputs
     op = topo.make_operator(3)
