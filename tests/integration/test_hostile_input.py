@@ -259,3 +259,46 @@ def test_outputs_too_large_for_their_topic_are_dead_lettered_not_lost(harness, r
         carried.add(json.loads(base64.b64decode(body["value_b64"]))["alert_id"])
     ref = h.reference()
     assert carried == ref[0]["alerts"] and carried
+
+
+def framing_keys(victim: bytes, levels: int, cells: int) -> list[bytes]:
+    """Keys covering every cell of ``victim`` under the PUBLIC hash key (an offline search)."""
+    from grudge_stream import Exponential, ScoreSketch
+    from grudge_stream.hashing import level_indexes
+
+    public = ScoreSketch(levels=levels, cells_per_level=cells, decay=Exponential(0.01), hi=1.0, hasher="siphash")
+    want = level_indexes(public.key_hash(victim), levels, cells)
+    found: dict[int, bytes] = {}
+    i = 0
+    while len(found) < levels:
+        k = f"attacker-{i}".encode()
+        i += 1
+        got = level_indexes(public.key_hash(k), levels, cells)
+        for lvl in range(levels):
+            if lvl not in found and got[lvl] == want[lvl]:
+                found[lvl] = k
+    return [found[lvl] for lvl in range(levels)]
+
+
+@pytest.mark.parametrize("secret", [False, True], ids=["public-key", "secret-key"])
+def test_keys_found_with_the_public_key_frame_the_innocent_only_without_a_secret_key(harness, secret: bool) -> None:
+    h = harness(partitions=1)
+    if not secret:
+        del h.overrides["seed"]
+        h.overrides["insecure_public_seed"] = "true"
+    attackers = framing_keys(b"innocent", 4, int(h.overrides["cells_per_level"]))
+    t = now_ms() - 30_000
+    recs = [(b"innocent", GOOD, t, None)]
+    for r in range(15):
+        recs += [(k, BAD, t + 100 * r + j, None) for j, k in enumerate(attackers)]
+    recs.append((b"innocent", GOOD, t + 2000, None))
+    produce(h, big_producer(h.bootstrap), recs, partition=0)
+    w = h.start_worker(runtime="batch")
+    h.wait_caught_up()
+    assert w.stop() == 0
+    if not secret:
+        assert "PUBLIC key" in w.log()
+    raised = {json.loads(m.value())["key"] for m in h.read_all(h.topology.outputs["alerts"])
+              if json.loads(m.value())["state"] == "raised"}
+    assert set(a.decode() for a in attackers) <= raised
+    assert ("innocent" in raised) == (not secret)
