@@ -10,6 +10,15 @@ import sys
 from grudge_stream.topology import Settings, load_topology
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grudge-stream")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, str] = {}
     for item in args.set or []:
@@ -106,6 +115,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="grudge-stream", description=__doc__)
+    ap.add_argument("--version", action="version", version=f"grudge-stream {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     w = sub.add_parser("worker", help="run a topology as a Faust worker")
