@@ -43,7 +43,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from grudge_stream._cyext._ingest import group_messages
-from grudge_stream.checkpoint import CheckpointStore, watermarks
+from grudge_stream.checkpoint import (BROKER_ABORT_CHECK_INTERVAL_S, OPEN_TRANSACTION_MARGIN_S,
+                                      CheckpointStore, watermarks)
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.metrics import Metrics
 from grudge_stream.outputs import OutputPublisher
@@ -99,7 +100,13 @@ class BatchWorker:
             conf["group.instance.id"] = self.instance_id
         self.consumer = Consumer(conf)
         self.producer: Producer | None = None
+        txn_timeout_s = settings.get("transaction_timeout_s", 60.0)
         if self.exactly_once:
+            if not self.instance_id:
+                log.warning("exactly_once without group_instance_id: the transactional id changes with "
+                            "every restart, so a crashed worker's open transaction is not aborted at once "
+                            "and a takeover may wait up to transaction_timeout_s + %g s",
+                            BROKER_ABORT_CHECK_INTERVAL_S)
             txn_id = f"{self.app_id}-{self.instance_id or socket.gethostname() + '-' + str(os.getpid())}"
             self.producer = Producer({
                 "bootstrap.servers": self.bootstrap,
@@ -109,7 +116,7 @@ class BatchWorker:
                 "linger.ms": 5,
                 "compression.type": "lz4",
                 "message.max.bytes": 1024 * 1024 + 4096,
-                "transaction.timeout.ms": int(settings.get("transaction_timeout_s", 60.0) * 1000),
+                "transaction.timeout.ms": int(txn_timeout_s * 1000),
             })
             self.producer.init_transactions(60)
         self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=self.producer,
@@ -117,7 +124,14 @@ class BatchWorker:
         self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic,
                                      chunk_bytes=settings.get("snapshot_chunk_bytes", 512 * 1024),
                                      chunk_delay_s=settings.get("snapshot_chunk_delay_s", 0.0),
-                                     producer=self.producer)
+                                     producer=self.producer,
+                                     # Wait out a dead worker's open transaction on the snapshot
+                                     # topic: the broker aborts it after its timeout (that of the
+                                     # fleet, assumed equal to ours) plus its abort-check interval.
+                                     open_transaction_wait_s=settings.get(
+                                         "open_transaction_wait_s",
+                                         txn_timeout_s + BROKER_ABORT_CHECK_INTERVAL_S
+                                         + OPEN_TRANSACTION_MARGIN_S))
         self._http: ThreadingHTTPServer | None = None
 
     # -- group membership ------------------------------------------------------------------------
