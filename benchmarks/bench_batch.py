@@ -167,6 +167,7 @@ def main() -> None:
     ap.add_argument("--baseline-exe", default=None,
                     help="grudge-stream script of another installation: adds batch@base and faust-lean@base")
     ap.add_argument("--no-replay", action="store_true", help="skip the replay measurement")
+    ap.add_argument("--no-agent", action="store_true", help="with --faust, skip the drain=agent worker")
     args = ap.parse_args()
     global CHECKPOINT_INTERVAL
     CHECKPOINT_INTERVAL = str(args.checkpoint_interval)
@@ -179,6 +180,8 @@ def main() -> None:
     print(f"produced {args.events} events over {args.keys} keys in {time.time() - t0:.1f}s", flush=True)
     workdir = tempfile.mkdtemp(prefix="bench-batch-")
     modes = ["consume", "batch"] + (["eos"] if args.eos else []) + (["faust-agent", "faust-lean"] if args.faust else [])
+    if args.no_agent and "faust-agent" in modes:
+        modes.remove("faust-agent")
     if args.baseline_exe:
         modes += ["batch@base"] + (["faust-lean@base"] if args.faust else [])
     res: dict[str, list[float]] = {m: [] for m in modes}

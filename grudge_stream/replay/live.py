@@ -264,8 +264,12 @@ class BatchWorker:
         try:
             self.checkpoint()
         except (CheckpointError, DeliveryError) as exc:
-            if self.exactly_once or self.stopping.is_set():
+            if self.exactly_once:
                 raise
+            if isinstance(exc, DeliveryError) and self.stopping.is_set():
+                log.error("no snapshot: %s; the next owner replays from the last snapshot", exc)
+                self.no_more_snapshots = True
+                return
             self.last_checkpoint = time.monotonic()
             if time.monotonic() - self._last_failure_log > 10:
                 self._last_failure_log = time.monotonic()
