@@ -227,7 +227,9 @@ def test_worker_refuses_to_start_without_a_secret_key(harness) -> None:
             cmd += ["--set", f"{k}={v}"]
     env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in __import__("os").environ.items()
                                       if k.startswith(("PYTHON", "VIRTUAL_ENV"))}}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    # From a scratch directory, as the harness runs workers: the checkout's source tree (no
+    # compiled kernels) must not shadow the installed package.
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=str(h.tmp_path))
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "GRUDGE_SEED" in lines[0] and "Traceback" not in res.stderr
