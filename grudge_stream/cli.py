@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from grudge_stream.exceptions import ConfigError
 from grudge_stream.topology import Settings, load_topology
 
 
@@ -74,8 +75,38 @@ def cmd_topics(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology, settings)
     n = ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
                                create_source=True, timestamp_bounds=True)
+    if args.partitions is not None and n != args.partitions:
+        raise ConfigError(
+            f"source topic {topology.source_topic!r} exists with {n} partitions, not {args.partitions}: "
+            "grudge-stream does not change a topic's partition count (keys would move between sketches; "
+            "docs/checkpoints.md)")
     print(f"{topology.source_topic}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
           f"snapshots {topology.snapshot_topic}")
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from grudge_stream.topology import bind_settings, load_topology_module
+
+    settings = _settings(args)
+    module = load_topology_module(args.topology)
+    if getattr(module, "SETTINGS", None) is None:
+        raise ConfigError(f"topology {args.topology!r} declares no SETTINGS")
+    rows = bind_settings(module, args.topology, settings).describe()
+    doc = (module.__doc__ or "").strip().splitlines()
+    if args.json:
+        print(json.dumps({"topology": args.topology, "summary": doc[0] if doc else "", "settings": rows},
+                         default=str, indent=2))
+        return 0
+    if doc:
+        print(doc[0] + "\n")
+    print(f"settings of {args.topology} (flag --set NAME=VALUE, env GRUDGE_{args.topology.upper()}__NAME "
+          "or GRUDGE_NAME); 'state' ones make a snapshot foreign when changed:\n")
+    for r in rows:
+        unit = f" {r['unit']}" if r["unit"] else ""
+        current = "" if r["source"] == "default" else f"  = {r['value']!r} ({r['source']})"
+        print(f"  {r['name']:<28} {r['kind']:<12} {r['shapes']:<6} default {r['default']!r}{unit}{current}")
+        print(f"      {r['help']}")
     return 0
 
 
@@ -88,6 +119,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         topology = load_topology(args.topology, settings)
         overrides = {}
+        if args.output_topic and args.output != "topology":
+            raise ConfigError("--output-topic goes with --output topology")
         for item in args.output_topic or []:
             role, _, topic = item.partition("=")
             if not topic or role not in topology.outputs:
@@ -131,7 +164,13 @@ def main(argv: list[str] | None = None) -> int:
 
     t = sub.add_parser("topics", help="create a topology's topics")
     _common(t)
-    t.add_argument("--partitions", type=int, default=8)
+    t.add_argument("--partitions", type=int, default=None,
+                   help="partitions of a source topic it creates (default 8); an existing topic must match")
+
+    ds = sub.add_parser("describe", help="list a topology's settings: type, default, current value, meaning")
+    _common(ds)
+    ds.add_argument("--json", action="store_true", help="as JSON")
+    ds.set_defaults(func=cmd_describe)
     t.set_defaults(func=cmd_topics)
 
     r = sub.add_parser("replay", help="run a topology over a range of its source topic (backfill)")
@@ -139,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--from", dest="from_", default="earliest",
                    help="start: earliest, now, an offset, @<epoch ms> or an ISO-8601 time (default earliest)")
     r.add_argument("--to", default="now", help="end (exclusive), same forms (default now)")
-    r.add_argument("--output", default="topology",
-                   help="topology (its output topics), none, stdout, or jsonl:PATH (default topology)")
+    r.add_argument("--output", default="none",
+                   help="none (default: a dry run that only counts), stdout, jsonl:PATH, or topology "
+                        "(the topology's LIVE output topics, or those given with --output-topic)")
     r.add_argument("--output-topic", action="append", metavar="ROLE=TOPIC",
                    help="send one output role to another topic (e.g. alerts=backfill-alerts)")
     r.add_argument("--write-snapshots", action="store_true",

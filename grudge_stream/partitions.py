@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
-from grudge_stream.exceptions import CheckpointError, PartitionCountChanged
+from grudge_stream.exceptions import CheckpointError, MismatchError, PartitionCountChanged
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.records import OutputRecord, SourceRecord
@@ -65,8 +65,13 @@ def restore_partition(topology: Topology, store: CheckpointStore, partition: int
                 "operator id / snapshot topic and replay the history."
             )
         probe = topology.make_operator(partition)
-        probe.restore(blob)  # SnapshotError / MismatchError refuse it
+        try:
+            probe.restore(blob)  # SnapshotError / MismatchError refuse it
+        except MismatchError as exc:
+            foreign.append(str(exc))
+            raise
 
+    foreign: list[str] = []
     result = store.restore(op.operator_id, partition, accept=accept)
     if metrics is not None and result.refused:
         metrics.snapshots_refused.labels(*labels).inc(len(result.refused))
@@ -78,7 +83,15 @@ def restore_partition(topology: Topology, store: CheckpointStore, partition: int
         start = op.next_offset
     elif result.refused:
         reasons = "; ".join(f"generation {g}: {why}" for g, why in result.refused)
-        if topology.restore_fallback == "fail":
+        if foreign and not topology.reset_state:
+            # Other state-shaping settings (or another hash key): the operator decides, never
+            # a silent replay that would republish every old output.
+            raise CheckpointError(f"{topology.source_topic}[{partition}]: {foreign[0]}")
+        if foreign:
+            log.warning("reset_state: dropping the snapshots of %s[%d] taken under other settings (%s); "
+                        "rebuilding the state from the earliest retained offset", topology.source_topic,
+                        partition, foreign[0])
+        elif topology.restore_fallback == "fail":
             raise CheckpointError(
                 f"no usable snapshot for {op.operator_id} {topology.source_topic}[{partition}] ({reasons}). "
                 "Operator action: fix the configuration to match the snapshot, or set "

@@ -15,47 +15,16 @@ from typing import Callable, Mapping
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
 from grudge_stream.operators.base import AUTO, Operator
+from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Settings
+
+__all__ = ["Settings", "Topology", "load_topology", "topology_names", "operator_settings", "codec_settings"]
 
 RESTORE_FALLBACKS = ("replay", "fail")
 
 
-class Settings:
-    """Configuration from flags (``--set name=value``) over environment variables over defaults.
-
-    ``settings.get("raise_at", 0.5)`` reads the flag ``raise_at``, else the environment
-    variable ``GRUDGE_RAISE_AT``, else the default, converted to the default's type.
-    """
-
-    def __init__(self, overrides: Mapping[str, str] | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
-        self.overrides = dict(overrides or {})
-        self.environ = os.environ if environ is None else environ
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.get("bootstrap_servers", self.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
-
-    def get(self, name: str, default):
-        raw = self.overrides.get(name)
-        if raw is None:
-            raw = self.environ.get("GRUDGE_" + name.upper())
-        if raw is None:
-            return default
-        if default is None or isinstance(default, str):
-            return raw
-        try:
-            if isinstance(default, bool):
-                if str(raw).lower() in ("1", "true", "yes", "on"):
-                    return True
-                if str(raw).lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(raw)
-            return type(default)(raw)
-        except ValueError:
-            raise ConfigError(f"setting {name!r} must be a {type(default).__name__}, got {raw!r}") from None
-
-
 def _time_bound(settings: Settings, name: str) -> int | str | None:
+    if name in settings.values:  # declared and parsed
+        return settings.values[name]
     raw = settings.get(name, AUTO)
     text = str(raw).strip().lower()
     if text == AUTO:
@@ -105,6 +74,8 @@ class Topology:
     restore_fallback: str = "replay"
     description: str = ""
     extra: dict = field(default_factory=dict)
+    app_id: str = ""  # consumer group / Faust app id; "" = grudge-<operator_id>-<source_topic>
+    reset_state: bool = False  # adopt changed state-shaping settings by replaying (docs/runtime.md)
 
     def __post_init__(self) -> None:
         if self.restore_fallback not in RESTORE_FALLBACKS:
@@ -113,6 +84,8 @@ class Topology:
             raise ConfigError("checkpoint_interval_s must be > 0")
         if "dead_letters" not in self.outputs:
             raise ConfigError("a topology needs a dead_letters output topic")
+        if not self.app_id:
+            self.app_id = f"grudge-{self.operator_id}-{self.source_topic}"
 
     def output_topic(self, role: str) -> str | None:
         return self.outputs.get(role)
@@ -122,35 +95,82 @@ class Topology:
         return self.make_operator(0).operator_id
 
 
-def load_topology(name: str, settings: Settings | None = None) -> Topology:
-    """Load ``topologies.<name>``, a dotted module path, or a ``.py`` file, and build it."""
-    settings = settings or Settings()
+def topology_names() -> list[str]:
+    """The shipped topologies (modules of the ``topologies`` package)."""
+    import pkgutil
+
+    try:
+        import topologies
+    except ModuleNotFoundError:
+        _add_topology_roots()
+        import topologies
+    return sorted(m.name for m in pkgutil.iter_modules(topologies.__path__) if not m.name.startswith("_"))
+
+
+def _add_topology_roots() -> None:
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root in (os.getcwd(), repo_root):
+        if os.path.isdir(os.path.join(root, "topologies")) and root not in sys.path:
+            sys.path.append(root)
+
+
+def load_topology_module(name: str):
+    """``topologies.<name>``, a dotted module path, or a ``.py`` file."""
     if name.endswith(".py") or os.sep in name:
         spec = importlib.util.spec_from_file_location(f"grudge_topology_{abs(hash(name))}", name)
-        if spec is None or spec.loader is None:
+        if spec is None or spec.loader is None or not os.path.isfile(name):
             raise ConfigError(f"cannot load topology file {name!r}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    else:
-        modname = name if "." in name else f"topologies.{name}"
+        return module
+    modname = name if "." in name else f"topologies.{name}"
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (modname, "topologies"):
+            raise
+    _add_topology_roots()
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError:
         try:
-            module = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name not in (modname, "topologies"):
-                raise
-            repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            cwd = os.getcwd()
-            for root in (cwd, repo_root):
-                if os.path.isdir(os.path.join(root, "topologies")) and root not in sys.path:
-                    sys.path.append(root)
-            try:
-                module = importlib.import_module(modname)
-            except ModuleNotFoundError:
-                raise ConfigError(
-                    f"unknown topology {name!r}: no module {modname!r} (run from the project root, "
-                    "or pass a path to a topology .py file)"
-                ) from None
+            known = ", ".join(topology_names())
+        except ModuleNotFoundError:
+            known = "none found"
+        raise ConfigError(
+            f"unknown topology {name!r}; the topologies are: {known} (or pass a dotted module or a .py file)"
+        ) from None
+
+
+def topology_short_name(name: str) -> str:
+    base = os.path.basename(name)
+    return (base[:-3] if base.endswith(".py") else base).rsplit(".", 1)[-1]
+
+
+def bind_settings(module, name: str, settings: Settings) -> Settings:
+    """Declare the module's settings (``SETTINGS`` and ``validate``, plus ``COMMON``) on
+    ``settings``, checking every given name and value."""
+    declared = getattr(module, "SETTINGS", None)
+    if declared is not None:
+        settings.bind(topology_short_name(name), [*COMMON, *declared], PASSTHROUGH_PREFIXES,
+                      getattr(module, "validate", None))
+    return settings
+
+
+def load_topology(name: str, settings: Settings | None = None) -> Topology:
+    """Load ``topologies.<name>``, a dotted module path, or a ``.py`` file, and build it.
+
+    A module that declares ``SETTINGS`` gets every setting checked first: an unknown name
+    or a bad value is a ConfigError naming it (docs/runtime.md, "Settings")."""
+    settings = settings or Settings()
+    module = load_topology_module(name)
     build = getattr(module, "build", None)
     if build is None:
         raise ConfigError(f"topology module {module.__name__!r} has no build(settings) function")
-    return build(settings)
+    bind_settings(module, name, settings)
+    topology = build(settings)
+    app_id = settings.get("app_id", None)
+    if app_id:
+        topology.app_id = app_id
+    topology.reset_state = bool(settings.get("reset_state", False))
+    return topology

@@ -9,37 +9,52 @@ Events (JSON, keyed by the client id)::
 decay exponentially (half-life about 69 s at the default 0.01/s) and are
 clamped to [0, 1]. A client is raised at 0.5 and cleared at 0.25. Keys come
 from the public, so the sketch hashes with SipHash under a secret key
-(``GRUDGE_SEED``).
+(``GRUDGE_SEED``, docs/security.md).
 
-Settings (flag ``--set name=value`` or environment ``GRUDGE_<NAME>``):
-``source_topic`` (abuse-events), ``alerts_topic`` (abuse-alerts),
-``scores_topic`` (abuse-scores), ``dead_letter_topic`` (abuse-dead-letters),
-``snapshot_topic`` (abuse-scores-snapshots), ``operator_id`` (abuse-scores),
-``levels`` (4), ``cells_per_level`` (100000), ``decay_per_s`` (0.01),
-``bad_delta`` (0.04), ``good_delta`` (-0.001), ``raise_at`` (0.5),
-``clear_at`` (0.25), ``emit_scores`` (crossings),
-``latch_capacity`` (100000), ``sweep_interval_ms`` (10000: how often, in event time, raised
-keys that went quiet are re-read so they can clear), ``checkpoint_interval_s`` (5),
-``restore_fallback`` (replay).
-
-Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
-docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
-``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
+Settings: ``grudge-stream describe abuse_scores`` (declared in ``SETTINGS``
+below, plus the settings every topology takes, docs/runtime.md).
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
-from grudge_stream.operators.scores import FeedbackScoreOperator
+from grudge_stream.operators.scores import EMIT_MODES, FeedbackScoreOperator
+from grudge_stream.settings import Setting, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
+
+S = Setting
+SETTINGS = [
+    S("source_topic", "str", "abuse-events", "the events", state=True),
+    S("alerts_topic", "str", "abuse-alerts", "raised / cleared alerts"),
+    S("scores_topic", "str", "abuse-scores", "scores (on crossings or every event)"),
+    S("dead_letter_topic", "str", "abuse-dead-letters", "records that could not be applied"),
+    S("snapshot_topic", "str", "abuse-scores-snapshots", "the compacted snapshot topic", state=True),
+    S("operator_id", "str", "abuse-scores", "names the state on the snapshot topic", state=True),
+    S("levels", "int", 4, "sketch levels (cells per key)", min=1, max=16, state=True),
+    S("cells_per_level", "int", 100_000, "sketch cells per level", min=1, state=True),
+    S("decay_per_s", "float", 0.01, "exponential decay rate (half-life ln2/rate)", "1/s", min=0,
+      min_inclusive=False, state=True),
+    S("bad_delta", "float", 0.04, "score added by a 'bad' outcome", min=0, min_inclusive=False),
+    S("good_delta", "float", -0.001, "score added by a 'good' outcome (forgiveness, <= 0)", max=0),
+    S("raise_at", "float", 0.5, "a client is raised at this score (within the clamp [0, 1])"),
+    S("clear_at", "float", 0.25, "a raised client is cleared at this score (below raise_at)"),
+    S("emit_scores", "choice", "crossings", "score records: on threshold crossings, every event, or none",
+      choices=EMIT_MODES),
+    S("latch_capacity", "int", 100_000, "raised keys kept at most (the lowest scores give way)", min=1),
+    S("sweep_interval_ms", "int", 10_000, "event time between sweeps that clear raised keys gone quiet",
+      "ms", min=1),
+]
+
+
+def validate(v: dict) -> None:
+    require_order(v, "clear_at", "raise_at", 0.0, 1.0)
 
 
 def build(settings: Settings) -> Topology:
-    source = settings.get("source_topic", "abuse-events")
-    operator_id = settings.get("operator_id", "abuse-scores")
+    g = settings.get
     sketch = {
-        "levels": settings.get("levels", 4),
-        "cells_per_level": settings.get("cells_per_level", 100_000),
-        "decay": {"kind": "exponential", "lambda_per_s": settings.get("decay_per_s", 0.01)},
+        "levels": g("levels", 4),
+        "cells_per_level": g("cells_per_level", 100_000),
+        "decay": {"kind": "exponential", "lambda_per_s": g("decay_per_s", 0.01)},
         "lo": 0.0,
         "hi": 1.0,
         "aggregator": "min",
@@ -50,34 +65,31 @@ def build(settings: Settings) -> Topology:
         encoding="json",
         key_field=None,
         value_field="outcome",
-        outcomes={"bad": settings.get("bad_delta", 0.04), "good": settings.get("good_delta", -0.001)},
+        outcomes={"bad": g("bad_delta", 0.04), "good": g("good_delta", -0.001)},
         allow_numbers=False,
         **codec_settings(settings),
     )
-    raise_at = settings.get("raise_at", 0.5)
-    clear_at = settings.get("clear_at", 0.25)
-    emit_scores = settings.get("emit_scores", "crossings")
-    latch_capacity = settings.get("latch_capacity", 100_000)
-    sweep_interval_ms = settings.get("sweep_interval_ms", 10_000)
+    source = g("source_topic", "abuse-events")
+    operator_id = g("operator_id", "abuse-scores")
+    policy = dict(raise_at=g("raise_at", 0.5), clear_at=g("clear_at", 0.25),
+                  latch_capacity=g("latch_capacity", 100_000), emit_scores=g("emit_scores", "crossings"),
+                  sweep_interval_ms=g("sweep_interval_ms", 10_000))
 
     def make_operator(partition: int) -> FeedbackScoreOperator:
-        return FeedbackScoreOperator(
-            operator_id=operator_id, source_topic=source, partition=partition, sketch=sketch,
-            codec=codec, raise_at=raise_at, clear_at=clear_at, latch_capacity=latch_capacity,
-            emit_scores=emit_scores, sweep_interval_ms=sweep_interval_ms, **common,
-        )
+        return FeedbackScoreOperator(operator_id=operator_id, source_topic=source, partition=partition,
+                                     sketch=sketch, codec=codec, **policy, **common)
 
     return Topology(
-        name=settings.get("app_name", "abuse-scores"),
+        name=g("app_name", None) or "abuse-scores",
         source_topic=source,
         make_operator=make_operator,
         outputs={
-            "alerts": settings.get("alerts_topic", "abuse-alerts"),
-            "scores": settings.get("scores_topic", "abuse-scores"),
-            "dead_letters": settings.get("dead_letter_topic", "abuse-dead-letters"),
+            "alerts": g("alerts_topic", "abuse-alerts"),
+            "scores": g("scores_topic", "abuse-scores"),
+            "dead_letters": g("dead_letter_topic", "abuse-dead-letters"),
         },
-        snapshot_topic=settings.get("snapshot_topic", "abuse-scores-snapshots"),
-        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
-        restore_fallback=settings.get("restore_fallback", "replay"),
+        snapshot_topic=g("snapshot_topic", "abuse-scores-snapshots"),
+        checkpoint_interval_s=g("checkpoint_interval_s", 5.0),
+        restore_fallback=g("restore_fallback", "replay"),
         description="FAIR-style abuse scores with alerts",
     )

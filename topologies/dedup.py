@@ -7,20 +7,28 @@ A ``ForgettingBloom`` sized for ``capacity`` keys per generation at
 A false positive drops a new key's record (rate bounded by ``fp_rate``); a
 key is never forwarded twice inside its window.
 
-Settings: ``source_topic`` (dedup-in), ``output_topic`` (dedup-out),
-``dead_letter_topic`` (dedup-dead-letters), ``snapshot_topic``
-(dedup-snapshots), ``operator_id`` (dedup), ``capacity`` (1000000),
-``fp_rate`` (0.001), ``period_ms`` (3600000), ``key_field``.
-
-Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
-docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
-``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
+Settings: ``grudge-stream describe dedup`` (``SETTINGS`` below, plus the settings
+every topology takes, docs/runtime.md).
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
+from grudge_stream.settings import Setting
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
+
+S = Setting
+SETTINGS = [
+    S("source_topic", "str", "dedup-in", "the records", state=True),
+    S("output_topic", "str", "dedup-out", "first sightings, forwarded"),
+    S("dead_letter_topic", "str", "dedup-dead-letters", "records that could not be applied"),
+    S("snapshot_topic", "str", "dedup-snapshots", "the compacted snapshot topic", state=True),
+    S("operator_id", "str", "dedup", "names the state on the snapshot topic", state=True),
+    S("capacity", "int", 1_000_000, "keys per Bloom generation", "keys", min=1, state=True),
+    S("fp_rate", "float", 0.001, "target false-positive rate", min=0, min_inclusive=False, max=0.5, state=True),
+    S("period_ms", "int", 3_600_000, "generation period (the memory window)", "ms", min=1, state=True),
+    S("key_field", "str", None, "JSON field holding the id (default: the record key)", state=True),
+]
 
 
 def build(settings: Settings) -> Topology:
@@ -38,7 +46,7 @@ def build(settings: Settings) -> Topology:
                              bloom=bloom, codec=codec, **common)
 
     return Topology(
-        name=settings.get("app_name", "dedup"),
+        name=settings.get("app_name") or "dedup",
         source_topic=source,
         make_operator=make_operator,
         outputs={

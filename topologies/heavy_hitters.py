@@ -9,22 +9,38 @@ every ``epoch_ms``) estimates each IP's decayed request count; an IP is
 raised at ``raise_at`` and cleared at ``clear_at``; every
 ``report_interval_ms`` the top-k IPs go to the reports topic.
 
-Settings: ``source_topic`` (hh-requests), ``alerts_topic`` (hh-alerts),
-``reports_topic`` (hh-top), ``dead_letter_topic`` (hh-dead-letters),
-``snapshot_topic`` (hh-snapshots), ``operator_id`` (heavy-hitters), ``depth``
-(4), ``width`` (65536), ``epoch_ms`` (1000), ``raise_at`` (5000), ``clear_at``
-(1000), ``top_k`` (100), ``report_interval_ms`` (10000),
-``encoding`` (raw | json).
-
-Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
-docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
-``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
+Settings: ``grudge-stream describe heavy_hitters`` (``SETTINGS`` below, plus the settings
+every topology takes, docs/runtime.md).
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.heavy import HeavyHitterOperator
+from grudge_stream.settings import Setting, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
+
+S = Setting
+SETTINGS = [
+    S("source_topic", "str", "hh-requests", "the requests", state=True),
+    S("alerts_topic", "str", "hh-alerts", "raised / cleared alerts"),
+    S("reports_topic", "str", "hh-top", "top-k reports"),
+    S("dead_letter_topic", "str", "hh-dead-letters", "records that could not be applied"),
+    S("snapshot_topic", "str", "hh-snapshots", "the compacted snapshot topic", state=True),
+    S("operator_id", "str", "heavy-hitters", "names the state on the snapshot topic", state=True),
+    S("depth", "int", 4, "count-min rows", min=1, max=16, state=True),
+    S("width", "int", 65_536, "count-min counters per row", min=1, state=True),
+    S("epoch_ms", "int", 1000, "counters halve every epoch", "ms", min=1, state=True),
+    S("encoding", "choice", "raw", "raw (the record key, weight 1) or json (a 'weight' field)",
+      choices=("raw", "json"), state=True),
+    S("raise_at", "float", 5000.0, "a key is raised at this decayed count"),
+    S("clear_at", "float", 1000.0, "a raised key is cleared at this decayed count (below raise_at)"),
+    S("top_k", "int", 100, "keys per top-k report", min=0, state=True),
+    S("report_interval_ms", "int", 10_000, "event time between top-k reports", "ms", min=1),
+]
+
+
+def validate(v: dict) -> None:
+    require_order(v, "clear_at", "raise_at", 0.0)
 
 
 def build(settings: Settings) -> Topology:
@@ -44,7 +60,7 @@ def build(settings: Settings) -> Topology:
                                    sketch=sketch, codec=codec, **kwargs, **common)
 
     return Topology(
-        name=settings.get("app_name", "heavy-hitters"),
+        name=settings.get("app_name") or "heavy-hitters",
         source_topic=source,
         make_operator=make_operator,
         outputs={

@@ -7,20 +7,27 @@ the checks topic; known ones are skipped. Only accepted keys are remembered,
 for one to two ``period_ms``; the cache fails open at most at ``fp_rate``
 (docs/forgetting-bloom.md).
 
-Settings: ``source_topic`` (known-keys-events), ``checks_topic``
-(known-keys-checks), ``dead_letter_topic`` (known-keys-dead-letters),
-``snapshot_topic`` (known-keys-snapshots), ``operator_id`` (known-keys),
-``capacity`` (1000000), ``fp_rate`` (0.001), ``period_ms`` (600000).
-
-Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
-docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
-``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
+Settings: ``grudge-stream describe known_keys`` (``SETTINGS`` below, plus the settings
+every topology takes, docs/runtime.md).
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.knownkeys import EVENTS, KnownKeyOperator
+from grudge_stream.settings import Setting
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
+
+S = Setting
+SETTINGS = [
+    S("source_topic", "str", "known-keys-events", "the events", state=True),
+    S("checks_topic", "str", "known-keys-checks", "keys the backend must check"),
+    S("dead_letter_topic", "str", "known-keys-dead-letters", "records that could not be applied"),
+    S("snapshot_topic", "str", "known-keys-snapshots", "the compacted snapshot topic", state=True),
+    S("operator_id", "str", "known-keys", "names the state on the snapshot topic", state=True),
+    S("capacity", "int", 1_000_000, "keys per Bloom generation", "keys", min=1, state=True),
+    S("fp_rate", "float", 0.001, "target false-positive rate", min=0, min_inclusive=False, max=0.5, state=True),
+    S("period_ms", "int", 600_000, "generation period (the memory window)", "ms", min=1, state=True),
+]
 
 
 def build(settings: Settings) -> Topology:
@@ -37,7 +44,7 @@ def build(settings: Settings) -> Topology:
                                 codec=codec, **common)
 
     return Topology(
-        name=settings.get("app_name", "known-keys"),
+        name=settings.get("app_name") or "known-keys",
         source_topic=source,
         make_operator=make_operator,
         outputs={

@@ -9,22 +9,31 @@ Each key has a token bucket refilled at ``rate_per_s`` (10) up to ``burst``
 decision on the decisions topic: ``{"allowed": false, "retry_after_ms": 380,
 ...}``. Keys come from the public: SipHash under a secret ``seed``.
 
-Settings: ``source_topic`` (ratelimit-requests), ``decisions_topic``
-(ratelimit-decisions), ``dead_letter_topic`` (ratelimit-dead-letters),
-``snapshot_topic`` (ratelimit-snapshots), ``operator_id`` (rate-limit),
-``rate_per_s``, ``burst``, ``reject_penalty`` (0), ``levels`` (4),
-``cells_per_level`` (100000), ``emit`` (all | denials),
-``checkpoint_interval_s`` (5), ``restore_fallback`` (replay).
-
-Every topology also takes ``seed`` / ``seed_file`` (required: the secret hash key,
-docs/security.md), ``max_future_ms``, ``future_policy``, ``max_late_ms``, ``late_policy``,
-``max_key_bytes`` (1024) and ``allow_empty_keys`` (false): docs/runtime.md.
+Settings: ``grudge-stream describe rate_limit`` (``SETTINGS`` below, plus the settings
+every topology takes, docs/runtime.md).
 """
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.ratelimit import RateLimitOperator
+from grudge_stream.settings import Setting
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
+
+S = Setting
+SETTINGS = [
+    S("source_topic", "str", "ratelimit-requests", "the requests", state=True),
+    S("decisions_topic", "str", "ratelimit-decisions", "one allow/deny decision per request"),
+    S("dead_letter_topic", "str", "ratelimit-dead-letters", "records that could not be applied"),
+    S("snapshot_topic", "str", "ratelimit-snapshots", "the compacted snapshot topic", state=True),
+    S("operator_id", "str", "rate-limit", "names the state on the snapshot topic", state=True),
+    S("rate_per_s", "float", 10.0, "token refill rate", "tokens/s", min=0, min_inclusive=False, state=True),
+    S("burst", "float", 20.0, "bucket capacity", "tokens", min=0, min_inclusive=False, state=True),
+    S("reject_penalty", "float", 0.0, "tokens a denied request costs anyway", "tokens", min=0),
+    S("levels", "int", 4, "sketch levels (cells per key)", min=1, max=16, state=True),
+    S("cells_per_level", "int", 100_000, "sketch cells per level", min=1, state=True),
+    S("emit", "choice", "all", "decisions to publish", choices=("all", "denials")),
+    S("cost_field", "str", "cost", "JSON field holding a request's cost", state=True),
+]
 
 
 def build(settings: Settings) -> Topology:
@@ -47,7 +56,7 @@ def build(settings: Settings) -> Topology:
                                  codec=codec, **params, **common)
 
     return Topology(
-        name=settings.get("app_name", "rate-limit"),
+        name=settings.get("app_name") or "rate-limit",
         source_topic=source,
         make_operator=make_operator,
         outputs={

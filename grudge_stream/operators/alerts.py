@@ -122,7 +122,11 @@ class AlertLatch:
         if pos != len(view):
             raise ValueError("alert latch state has trailing bytes")
         if n > self.capacity:
-            raise ValueError(f"alert latch state holds {n} keys, over the capacity of {self.capacity}")
+            # A smaller latch_capacity than the snapshot's (a policy change): keep the highest
+            # scores, as an overflow does.
+            keep = sorted(raised.items(), key=lambda kv: kv[1], reverse=True)[:self.capacity]
+            self.evictions += n - self.capacity
+            raised = dict(keep)
         self._raised = raised
 
     def make_alert(self, *, operator_id: str, key: bytes, state: str, score: float, event_time_ms: int,

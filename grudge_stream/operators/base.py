@@ -119,6 +119,9 @@ class Operator(abc.ABC):
     """Base class of every grudge-stream operator (one instance per source partition)."""
 
     kind: ClassVar[str] = "operator"
+    # Keys of config_dict() that shape the state (the rest is policy: thresholds, emit modes,
+    # intervals); a snapshot is only adopted under the same state-shaping settings.
+    state_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int,
                  codec: EventCodec, max_future_ms: int | str | None = AUTO,
@@ -213,9 +216,25 @@ class Operator(abc.ABC):
             **self.config_dict(),
         }
 
+    def state_config(self) -> dict:
+        """The settings that shape the state: a snapshot taken under others is foreign.
+
+        The codec's key, time and encoding choices decide which key an event counts for;
+        outcome values, bounds and key checks only decide what future events do."""
+        codec = self.codec.to_dict()
+        conf = self.config_dict()
+        return {
+            "kind": self.kind,
+            "operator_id": self.operator_id,
+            "codec": {k: codec[k] for k in ("encoding", "key_field", "time_field")},
+            "hash_key": key_fingerprint(self.hash_key),
+            **{k: conf[k] for k in self.state_keys},
+        }
+
     @property
     def fingerprint(self) -> str:
-        return envelope.fingerprint(self.full_config())
+        """Identity of the state's shape (``state_config``); policy settings are not part of it."""
+        return envelope.fingerprint(self.state_config())
 
     # -- processing ---------------------------------------------------------------------------
 
@@ -331,6 +350,7 @@ class Operator(abc.ABC):
             "operator_kind": self.kind,
             "operator_id": self.operator_id,
             "fingerprint": self.fingerprint,
+            "state_config": self.state_config(),
             "hash_key_fingerprint": key_fingerprint(self.hash_key),
             "source_topic": self.source_topic,
             "partition": self.partition,
@@ -358,11 +378,18 @@ class Operator(abc.ABC):
                 "replay the partition from its earliest retained offset under the new key."
             )
         if header.get("fingerprint") != self.fingerprint:
+            theirs_conf = header.get("state_config")
+            if isinstance(theirs_conf, dict):
+                diff = "; ".join(f"{k}: {a!r} in the snapshot, {b!r} now"
+                                 for k, a, b in _differences(theirs_conf, self.state_config()))
+                what = f"settings that shape the state differ ({diff or 'fingerprint'})"
+            else:
+                what = (f"it was written by an earlier release (config fingerprint "
+                        f"{header.get('fingerprint')}, now {self.fingerprint})")
             raise MismatchError(
-                f"snapshot of {header.get('operator_id')!r} has config fingerprint "
-                f"{header.get('fingerprint')}, the running operator has {self.fingerprint}. "
-                "Operator action: restore it with the configuration that wrote it, or replay "
-                "the partition from its earliest retained offset."
+                f"snapshot of {header.get('operator_id')!r} is foreign: {what}. Operator action: "
+                "restart with the settings that wrote it, or set reset_state=true to rebuild the "
+                "state by replaying the partition from its earliest retained offset."
             )
         if header.get("source_topic") != self.source_topic or header.get("partition") != self.partition:
             raise MismatchError(
@@ -394,6 +421,16 @@ class Operator(abc.ABC):
     def status(self) -> dict[str, Any]:
         return {"operator": self.operator_id, "partition": self.partition,
                 "next_offset": self.next_offset, "watermark": self.watermark, **self.counters}
+
+
+def _differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """(path, a's value, b's value) for every leaf where two JSON-like values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        return out
+    return [] if a == b else [(path or "value", a, b)]
 
 
 def read_snapshot(blob: bytes) -> tuple[dict, memoryview]:

@@ -18,6 +18,7 @@ from grudge_stream.operators.stateful import BloomOperator
 
 class DedupOperator(BloomOperator):
     kind = "dedup"
+    state_keys = ("bloom",)
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
                  codec: EventCodec | None = None, **common: Any) -> None:

@@ -22,6 +22,7 @@ from grudge_stream.operators.stateful import SketchAlertOperator
 
 class HeavyHitterOperator(SketchAlertOperator):
     kind = "heavy_hitters"
+    state_keys = ("sketch", "top_k")
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,

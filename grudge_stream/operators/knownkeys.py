@@ -31,6 +31,7 @@ EVENTS = {"seen": 0.0, "accepted": 1.0, "rejected": 2.0}
 
 class KnownKeyOperator(BloomOperator):
     kind = "known_keys"
+    state_keys = ("bloom",)
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
                  codec: EventCodec | None = None, **common: Any) -> None:

@@ -21,6 +21,7 @@ from grudge_stream.operators.records import OutputRecord, SourceRecord
 
 class RateLimitOperator(Operator):
     kind = "rate_limit"
+    state_keys = ("bucket",)
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, rate_per_s: float,
                  burst: float, reject_penalty: float = 0.0, max_debt: float | None = None,

@@ -40,6 +40,7 @@ EMIT_MODES = ("none", "crossings", "every")
 
 class FeedbackScoreOperator(SketchAlertOperator):
     kind = "feedback_scores"
+    state_keys = ("sketch",)
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,

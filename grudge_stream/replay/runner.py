@@ -212,7 +212,8 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
 
 
 def make_sink(topology: Topology, bootstrap_servers: str, output: str, topic_overrides: dict[str, str]):
-    """``topology`` (its own topics), ``none``, ``-`` / ``stdout``, or ``jsonl:PATH``."""
+    """``none`` (a dry run), ``-`` / ``stdout``, ``jsonl:PATH``, or ``topology`` (the topology's own
+    topics, as overridden role by role with ``topic_overrides``)."""
     if output == "topology":
         topics = {**topology.outputs, **topic_overrides}
         return OutputPublisher(bootstrap_servers, topics)
@@ -221,5 +222,9 @@ def make_sink(topology: Topology, bootstrap_servers: str, output: str, topic_ove
     if output in ("-", "stdout"):
         return JsonlSink(sys.stdout)
     if output.startswith("jsonl:"):
-        return JsonlSink(open(output[len("jsonl:"):], "w", encoding="utf-8"))
+        path = output[len("jsonl:"):]
+        try:
+            return JsonlSink(open(path, "w", encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"--output jsonl:{path}: cannot write it ({exc.strerror})") from None
     raise ConfigError(f"--output must be topology, none, stdout or jsonl:PATH, not {output!r}")

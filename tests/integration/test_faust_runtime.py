@@ -206,23 +206,23 @@ def test_corrupt_or_foreign_snapshots_are_refused_and_recovery_falls_back(harnes
     store.write(op_id, 0, bytes(flipped), next_offset=good.ref.next_offset, watermark=good.ref.watermark,
                 fingerprint=good.ref.fingerprint, source_topic=h.topology.source_topic,
                 partition_count=2)
-    # Partition 1: two snapshots from another configuration -> nothing usable -> full replay.
+    # Partition 1: two snapshots under other state-shaping settings -> with reset_state, a full replay.
     from grudge_stream.topology import Settings, load_topology
 
-    foreign = load_topology("abuse_scores", Settings({**h.overrides, "raise_at": "0.9"}, environ={}))
+    foreign = load_topology("abuse_scores", Settings({**h.overrides, "cells_per_level": "4000"}, environ={}))
     fop = foreign.make_operator(1)
     fop.process(h.source_records()[1][:100])
     for _ in range(2):
         store.write(op_id, 1, fop.snapshot(), next_offset=fop.next_offset, watermark=fop.watermark,
                     fingerprint=fop.fingerprint, source_topic=h.topology.source_topic, partition_count=2)
-    w = h.start_worker()
+    w = h.start_worker(reset_state="true")
     deadline = time.monotonic() + 60
-    wanted = ("checksum", "config fingerprint", "replaying from the earliest retained offset")
+    wanted = ("checksum", "settings that shape the state differ", "replaying from the earliest retained offset")
     while time.monotonic() < deadline and not all(s in w.log() for s in wanted):
         time.sleep(0.5)
     log = w.log()
     assert "refusing snapshot generation" in log and "checksum" in log
-    assert "config fingerprint" in log
+    assert "cells_per_level: 4000 in the snapshot, 5000 now" in log and "reset_state: dropping" in log
     assert "replaying from the earliest retained offset" in log
     time.sleep(3)  # let the replayed partition write a fresh snapshot
     state_deadline = time.monotonic() + 60

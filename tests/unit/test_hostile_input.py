@@ -189,11 +189,13 @@ def test_hash_key_forms() -> None:
 
 
 TOPOLOGIES = ["abuse_scores", "rate_limit", "heavy_hitters", "dedup", "known_keys"]
-SMALL = {"cells_per_level": "1000", "capacity": "1000", "width": "1024"}
+SMALL_BY = {"abuse_scores": {"cells_per_level": "1000"}, "rate_limit": {"cells_per_level": "1000"},
+            "heavy_hitters": {"width": "1024"}, "dedup": {"capacity": "1000"}, "known_keys": {"capacity": "1000"}}
 
 
 @pytest.mark.parametrize("name", TOPOLOGIES)
 def test_topologies_refuse_to_start_without_a_secret_key(name: str, tmp_path, caplog) -> None:
+    SMALL = SMALL_BY[name]
     with pytest.raises(ConfigError, match="GRUDGE_SEED"):
         load_topology(name, Settings(SMALL, environ={}))
     key = secrets.token_bytes(16)
@@ -217,6 +219,7 @@ SAMPLES = {
 
 @pytest.mark.parametrize("name", TOPOLOGIES)
 def test_snapshots_never_hold_the_key_and_another_key_is_refused(name: str) -> None:
+    SMALL = SMALL_BY[name]
     key = HashKey(secrets.token_bytes(16))
     topo = load_topology(name, Settings({**SMALL, "seed": key.material.hex()}, environ={}))
     op = topo.make_operator(0)

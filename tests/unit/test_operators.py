@@ -200,9 +200,13 @@ def test_restore_refuses_corrupt_and_mismatched_snapshots_and_keeps_state() -> N
     with pytest.raises(SnapshotError):
         target.restore(blob[:-1])
     assert target.snapshot() == before
-    other = score_op(raise_at=0.6)
-    with pytest.raises(MismatchError):
+    other = score_op(sketch={**SKETCH, "cells_per_level": 4_000})
+    with pytest.raises(MismatchError, match=r"cells_per_level: 5000 in the snapshot, 4000 now"):
         other.restore(blob)
+    # Policy settings are no part of the state: a new threshold keeps it.
+    policy = score_op(raise_at=0.6, clear_at=0.1, emit_scores="every", sweep_interval_ms=500)
+    policy.restore(blob)
+    assert policy.sketch_bytes() == op.sketch_bytes() and policy.latch.raise_at == 0.6
     other_seed = score_op(sketch={**SKETCH, "seed": 12})
     with pytest.raises(MismatchError):
         other_seed.restore(blob)
