@@ -413,7 +413,7 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         # Static membership: a restarted worker reclaims its partitions without a rebalance.
         options["consumer_group_instance_id"] = instance_id
     options.update(faust_options)
-    app = GrudgeApp(settings.get("app_id", topology.name), **options)
+    app = GrudgeApp(topology.app_id, **options)
     runtime = FaustRuntime(app, topology, settings)
     app.grudge_runtime = runtime  # type: ignore[attr-defined]
     source = app.topic(topology.source_topic, key_type=bytes, value_type=bytes,

@@ -61,7 +61,7 @@ class BatchWorker:
         self.settings = settings
         self.bootstrap = settings.bootstrap_servers
         self.topic = topology.source_topic
-        self.app_id = settings.get("app_id", topology.name)
+        self.app_id = topology.app_id
         self.instance_id = settings.get("group_instance_id", "")
         self.exactly_once = settings.get("exactly_once", False)
         # Small batches keep the messages and columns of one batch in cache: 2,000 measured
@@ -128,10 +128,9 @@ class BatchWorker:
                                      # Wait out a dead worker's open transaction on the snapshot
                                      # topic: the broker aborts it after its timeout (that of the
                                      # fleet, assumed equal to ours) plus its abort-check interval.
-                                     open_transaction_wait_s=settings.get(
-                                         "open_transaction_wait_s",
-                                         txn_timeout_s + BROKER_ABORT_CHECK_INTERVAL_S
-                                         + OPEN_TRANSACTION_MARGIN_S))
+                                     open_transaction_wait_s=settings.get("open_transaction_wait_s")
+                                     or txn_timeout_s + BROKER_ABORT_CHECK_INTERVAL_S
+                                     + OPEN_TRANSACTION_MARGIN_S)
         self._http: ThreadingHTTPServer | None = None
 
     # -- group membership ------------------------------------------------------------------------
