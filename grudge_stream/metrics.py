@@ -1,12 +1,27 @@
-"""Prometheus metrics of a grudge-stream worker (one registry per runtime)."""
+"""Prometheus metrics of a grudge-stream worker (one registry per runtime), in base units
+(seconds, bytes), with the standard process, platform and Python GC collectors."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        if registry is None:
+            # process_resident_memory_bytes & co.: a fixed-memory product shows its memory.
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
         lbl = ["operator", "partition"]
         self.events = Counter("grudge_events_total", "Valid events applied to a sketch", lbl, registry=r)
         self.dead_letters = Counter("grudge_dead_letters_total", "Records sent to the dead-letter topic", lbl, registry=r)
@@ -35,7 +50,11 @@ class Metrics:
         self.restore_seconds = Gauge("grudge_restore_duration_seconds", "Time the last restore of a partition took", lbl, registry=r)
         self.snapshots_refused = Counter("grudge_snapshots_refused_total", "Snapshots refused on restore (corrupt or mismatched)", lbl, registry=r)
         self.restore_fallbacks = Counter("grudge_restore_fallbacks_total", "Restores that fell back", lbl + ["mode"], registry=r)
-        self.watermark = Gauge("grudge_watermark_ms", "Event-time watermark of a partition (ms)", lbl, registry=r)
+        self.watermark = Gauge("grudge_watermark_seconds", "Event-time watermark of a partition (Unix time)", lbl,
+                               registry=r)
+        self.consumer_lag = Gauge("grudge_consumer_lag_records",
+                                  "Records of a source partition not processed yet (log end - next offset)", lbl,
+                                  registry=r)
         self.watermark_lag = Gauge("grudge_watermark_lag_seconds", "Wall clock minus the watermark", lbl, registry=r)
         self.sketch_memory = Gauge("grudge_sketch_memory_bytes", "Fixed memory of a partition's sketches", lbl, registry=r)
         self.assigned = Gauge("grudge_assigned_partitions", "Source partitions assigned to this worker", registry=r)

@@ -114,6 +114,7 @@ class OutputPublisher:
             **(config or {}),
         })
         self.sent: dict[str, int] = {}
+        self._counted: dict[str, int] = {}
         self.dead_lettered: dict[str, int] = {}
         # Why a publish() failed half way, if one did: its outputs are lost, so no flush
         # may succeed (and no snapshot be written) after it.
@@ -177,7 +178,17 @@ class OutputPublisher:
             self.broken = f"{type(exc).__name__}: {exc}"
             raise
         self.producer.poll(0)
+        if self.metrics is not None and n:
+            self._count_outputs()
         return n
+
+    def _count_outputs(self) -> None:
+        counted = self._counted
+        for role, total in self.sent.items():
+            d = total - counted.get(role, 0)
+            if d:
+                self.metrics.outputs.labels(self.operator_id, role).inc(d)
+                counted[role] = total
 
     def _role_of(self, topic: str) -> str:
         for role, t in self.topics.items():

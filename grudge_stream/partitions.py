@@ -167,8 +167,14 @@ class PartitionSlot:
         self._seen = dict(c)
         wm = self.operator.watermark
         if wm is not None:
-            m.watermark.labels(*labels).set(wm)
+            m.watermark.labels(*labels).set(wm / 1000.0)
             m.watermark_lag.labels(*labels).set(time.time() - wm / 1000.0)
+
+    def set_log_end(self, high: int) -> None:
+        """Record the partition's log end (high watermark): the consumer-lag gauge."""
+        nxt = self.operator.next_offset
+        if self.metrics is not None and high >= 0 and nxt is not None:
+            self.metrics.consumer_lag.labels(*self._labels).set(max(0, high - nxt))
 
     def checkpoint(self, store: CheckpointStore, publisher: OutputPublisher | None,
                    should_stop: Callable[[], bool] | None = None) -> SnapshotRef | None:
