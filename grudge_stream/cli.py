@@ -43,7 +43,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from grudge_stream.topics import ensure_topology_topics
+    from grudge_stream.topics import check_group_runtime, ensure_topology_topics
 
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
@@ -51,6 +51,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
                                create_source=args.create_source, timestamp_bounds=True)
     runtime = args.runtime or settings.get("runtime", "faust")
+    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime)
     if runtime == "batch":
         from grudge_stream.replay.live import run_batch_worker
 

@@ -35,6 +35,38 @@ def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], ti
     return created
 
 
+# The partition assignor a Faust worker's group reports (faust.assignor.PartitionAssignor.name);
+# the batch runtime's librdkafka consumer reports range / roundrobin / cooperative-sticky.
+FAUST_ASSIGNOR = "faust"
+
+
+def group_runtime(bootstrap_servers: str, group: str, client_config: dict | None = None,
+                  timeout_s: float = 10.0) -> tuple[str, int] | None:
+    """``(runtime, members)`` of a consumer group with members, or None (empty, unknown, or
+    not describable)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+    except KafkaException:
+        return None
+    if not desc.members or not desc.partition_assignor:
+        return None
+    return ("faust" if desc.partition_assignor == FAUST_ASSIGNOR else "batch"), len(desc.members)
+
+
+def check_group_runtime(bootstrap_servers: str, group: str, runtime: str,
+                        client_config: dict | None = None) -> None:
+    """Refuse to join a group that workers of the other runtime run: their group protocols
+    cannot agree (Kafka answers INCONSISTENT_GROUP_PROTOCOL, forever)."""
+    found = group_runtime(bootstrap_servers, group, client_config)
+    if found is not None and found[0] != runtime:
+        theirs, members = found
+        raise ConfigError(
+            f"consumer group {group!r} is run by {members} worker(s) of the {theirs} runtime; this worker "
+            f"uses the {runtime} runtime and cannot join it. Operator action: stop those workers first, "
+            "or run this one with the same runtime, or give it another app_id.")
+
+
 def source_topic_config(topology: Topology) -> dict[str, str]:
     """Broker-side timestamp bounds matching the operator's event-time bounds: the broker then
     refuses, at produce time, records stamped further ahead than ``max_future_ms`` or further

@@ -33,3 +33,24 @@ def test_policy_change_keeps_the_state_and_a_state_change_is_refused(harness) ->
     log = w.log()
     assert "cells_per_level: 5000 in the snapshot, 4000 now" in log and "reset_state=true" in log
     assert h.final_state() == before  # nothing was overwritten
+
+
+def test_a_worker_refuses_a_group_run_by_the_other_runtime(harness) -> None:
+    h = harness(partitions=2)
+    h.produce(h.make_events(2000, seed=52))
+    batch = h.start_worker(runtime="batch")
+    h.wait_caught_up()
+    faust = h.start_worker(runtime="faust")
+    assert faust.proc.wait(60) == 2
+    lines = [ln for ln in faust.log().splitlines() if "grudge-stream worker:" in ln]
+    assert len(lines) == 1 and "batch runtime" in lines[0] and "cannot join" in lines[0]
+    assert batch.proc.poll() is None
+    assert batch.stop() == 0
+    # and the other way round
+    h.produce(h.make_events(500, seed=53))
+    faust = h.start_worker(runtime="faust")
+    h.wait_caught_up()
+    batch = h.start_worker(runtime="batch")
+    assert batch.proc.wait(60) == 2
+    assert "faust runtime" in batch.log() and "cannot join" in batch.log()
+    assert faust.stop() == 0
