@@ -25,8 +25,9 @@ from typing import Any, Callable, Iterable, Mapping
 from grudge_stream.exceptions import ConfigError
 
 # GRUDGE_* variables of the tools around the settings (build, dev broker, tests, CLI).
-TOOL_VARIABLES = {"GRUDGE_LOGLEVEL", "GRUDGE_KAFKA_CACHE", "GRUDGE_DEBUG", "GRUDGE_KAFKA_BACKEND",
-                  "GRUDGE_KAFKA_VERSION"}
+TOOL_VARIABLES = {"GRUDGE_LOGLEVEL", "GRUDGE_LOG_FORMAT", "GRUDGE_KAFKA_CACHE", "GRUDGE_DEBUG",
+                  "GRUDGE_KAFKA_BACKEND", "GRUDGE_KAFKA_VERSION", "GRUDGE_KAFKA_HEAP", "GRUDGE_KAFKA_IMAGE",
+                  "GRUDGE_MVN"}
 _MISSING = object()
 
 
