@@ -24,8 +24,18 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # A real, non-editable install: the tests import the compiled extension from site-packages.
-install: $(BIN)/python
-	$(BIN)/python -m pip install -q ".[test]"
+# It reruns only when a source of the package changed (the stamp is older than one of them).
+PKG_SOURCES := pyproject.toml setup.py README.md $(wildcard cyext/*) \
+	$(shell find grudge_stream topologies -name '*.py' -o -name '*.pyi' -o -name py.typed 2>/dev/null)
+INSTALL_STAMP := $(VENV)/.grudge-stream-installed
+
+install: $(INSTALL_STAMP)
+
+$(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
+	@echo "==> installing grudge-stream[test] into $(VENV): pip builds a wheel, compiling the Cython kernels in cyext/ (a minute or two)"
+	$(BIN)/python -m pip install --progress-bar on ".[test]"
+	@touch $@
+	@echo "==> installed; 'make test' and 'make demo' reinstall only when a source changes"
 
 # pytest's session fixture starts and stops the broker (KAFKA_BOOTSTRAP_SERVERS, testcontainers
 # or the local jars, in that order); fetching the jars first keeps the download out of test time.
@@ -64,4 +74,4 @@ broker-status:
 	$(RUN_INSTALLED) grudge_stream.devkafka status
 
 clean:
-	rm -rf build dist *.egg-info
+	rm -rf build dist *.egg-info $(INSTALL_STAMP)

@@ -231,7 +231,8 @@ class CheckpointStore:
                  producer_config: dict | None = None, consumer_config: dict | None = None,
                  scan_window: int = 64, timeout_s: float = 30.0, chunk_delay_s: float = 0.0,
                  producer: Producer | None = None,
-                 open_transaction_wait_s: float = DEFAULT_OPEN_TRANSACTION_WAIT_S) -> None:
+                 open_transaction_wait_s: float = DEFAULT_OPEN_TRANSACTION_WAIT_S,
+                 client_config: dict | None = None) -> None:
         if chunk_bytes < 1024 or chunk_bytes > 1024 * 1024:
             raise ValueError("chunk_bytes must be between 1 KiB and 1 MiB")
         if not open_transaction_wait_s >= 0:
@@ -248,13 +249,17 @@ class CheckpointStore:
         # failure tests kill a worker in the middle of a snapshot write.
         self.chunk_delay_s = chunk_delay_s
         self.timeout_s = timeout_s
+        # Security and pass-through properties of every client made here (producer, readers,
+        # admin): grudge_stream.kafkaconf.client_config(settings).
+        self._client_config: dict = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
         self._producer_config: dict = {
             "bootstrap.servers": bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
             "linger.ms": 0,
             "compression.type": "lz4",
             "message.max.bytes": 1024 * 1024 + 4096,
+            **(client_config or {}),
+            "enable.idempotence": True,
+            "acks": "all",
             **(producer_config or {}),
         }
         self._consumer_config = {
@@ -268,6 +273,7 @@ class CheckpointStore:
             # each fetch for fetch.wait.max.ms (500 ms) waiting for more data.
             "fetch.wait.max.ms": 10,
             "isolation.level": "read_committed",
+            **(client_config or {}),
             **(consumer_config or {}),
         }
         # A caller's producer (a transactional one, so snapshots commit atomically with the
@@ -286,7 +292,7 @@ class CheckpointStore:
 
     def ensure_topic(self, partitions: int, replication_factor: int = 1) -> None:
         """Create the snapshot topic (compacted) if it does not exist."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 3})
+        admin = AdminClient({"log_level": 3, **self._client_config})
         md = admin.list_topics(timeout=self.timeout_s)
         if self.topic in md.topics and not md.topics[self.topic].error:
             self._partitions = len(md.topics[self.topic].partitions)
@@ -303,7 +309,7 @@ class CheckpointStore:
 
     def partitions(self) -> int:
         if self._partitions is None:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 3})
+            admin = AdminClient({"log_level": 3, **self._client_config})
             deadline = time.monotonic() + self.timeout_s
             while True:
                 md = admin.list_topics(topic=self.topic, timeout=self.timeout_s)

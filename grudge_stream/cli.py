@@ -31,7 +31,21 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["bootstrap_servers"] = args.bootstrap_servers
     if getattr(args, "web_port", None):
         overrides["web_port"] = str(args.web_port)
-    return Settings(overrides)
+    settings = Settings(overrides)
+    from grudge_stream.kafkaconf import use_properties_file_bootstrap
+
+    use_properties_file_bootstrap(settings)  # kafka_properties_file's bootstrap.servers, if nothing else
+    return settings
+
+
+def _connect(settings: Settings) -> dict:
+    """Check the Kafka connection once (a wrong password or TLS setup is one line, exit 2,
+    instead of clients retrying for ever) and return the clients' configuration."""
+    from grudge_stream.kafkaconf import check_connection, client_config
+
+    conf = client_config(settings)
+    check_connection(settings)
+    return conf
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -47,11 +61,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
+    runtime = args.runtime or settings.get("runtime", "faust")
+    if runtime == "faust":
+        from grudge_stream.kafkaconf import faust_options
+
+        faust_options(settings)  # refuses, before connecting, security aiokafka cannot apply
+        from grudge_stream.statedir import app_state_dir
+
+        app_state_dir(settings, topology.app_id)  # Faust's data directory: writable, or one line
+    conf = _connect(settings)
     if not args.no_create_topics:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
-                               create_source=args.create_source, timestamp_bounds=True)
-    runtime = args.runtime or settings.get("runtime", "faust")
-    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime)
+                               create_source=args.create_source, timestamp_bounds=True, client_config=conf)
+    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf)
     if runtime == "batch":
         from grudge_stream.replay.live import run_batch_worker
 
@@ -63,8 +85,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from grudge_stream.faust.app import build_app
 
+    from grudge_stream import logsetup
+
+    class Worker(faust.Worker):
+        def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+            super().on_setup_root_logger(logger, level)
+            logsetup.install(logger, json_lines=args.log_format == "json")
+
     app = build_app(topology, settings)
-    worker = faust.Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
+    worker = Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
     worker.execute_from_commandline()
     return 0
 
@@ -75,7 +104,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
     n = ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
-                               create_source=True, timestamp_bounds=True)
+                               create_source=True, timestamp_bounds=True, client_config=_connect(settings))
     if args.partitions is not None and n != args.partitions:
         raise ConfigError(
             f"source topic {topology.source_topic!r} exists with {n} partitions, not {args.partitions}: "
@@ -127,10 +156,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if not topic or role not in topology.outputs:
                 raise SystemExit(f"--output-topic takes ROLE=TOPIC with ROLE in {sorted(topology.outputs)}")
             overrides[role] = topic
-        sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides)
+        conf = _connect(settings)
+        sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides, client_config=conf)
         report = replay(topology, settings.bootstrap_servers, start=parse_position(args.from_),
                         end=parse_position(args.to), sink=sink, write_snapshots=args.write_snapshots,
-                        from_snapshot=args.from_snapshot, progress=not args.quiet)
+                        from_snapshot=args.from_snapshot, progress=not args.quiet, client_config=conf)
     except GrudgeError as exc:
         print(f"grudge-stream replay: {exc}", file=sys.stderr)
         return 2
@@ -154,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
 
     w = sub.add_parser("worker", help="run a topology as a Faust worker")
     _common(w)
-    w.add_argument("--web-port", type=int, default=None, help="port of /ready and /metrics (default 6066)")
+    w.add_argument("--web-port", type=int, default=None,
+                   help="port of /ready, /live and /metrics (default 6066)")
     w.add_argument("--loglevel", "-l", default=os.environ.get("GRUDGE_LOGLEVEL", "info"))
+    w.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("GRUDGE_LOG_FORMAT", "text"),
+                   help="text, or one JSON object per line (env GRUDGE_LOG_FORMAT); repeated lines are "
+                        "collapsed either way")
     w.add_argument("--partitions", type=int, default=None, help="partitions when creating the source topic")
     w.add_argument("--create-source", action="store_true", help="create the source topic if missing")
     w.add_argument("--no-create-topics", action="store_true", help="do not create output/snapshot topics")
@@ -199,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from grudge_stream import logsetup
+
+    logsetup.install(json_lines=getattr(args, "log_format", "text") == "json")
     from grudge_stream.exceptions import GrudgeError
 
     try:

@@ -5,7 +5,9 @@ is set), creates the topology's topics, runs `grudge-stream worker
 abuse_scores` as a child process, produces traffic in which a handful of
 abusive clients hide among thousands of well-behaved ones, and prints every
 alert as it arrives on the alert topic. Stops everything it started after
-``--seconds``.
+``--seconds``. Writes nothing to the working directory: the worker's log and
+state directory go to a temporary directory (the state is removed at the end,
+the log kept).
 """
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -37,6 +41,7 @@ def _console_script() -> str:
 
 def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -> int:
     from grudge_stream.devkafka import LocalKafka, free_port
+    from grudge_stream.kafkaconf import client_config
     from grudge_stream.topics import ensure_topology_topics
     from grudge_stream.topology import Settings, load_topology
 
@@ -62,10 +67,15 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
     # A fresh secret hash key per demo run, handed to the worker through its environment.
     seed = secrets.token_hex(16)
     worker = None
+    work = tempfile.mkdtemp(prefix=f"grudge-demo-{run}-")
+    state = os.path.join(work, "state")
     try:
         settings = Settings(overrides, environ={**os.environ, "GRUDGE_SEED": seed})
         topology = load_topology("abuse_scores", settings)
-        ensure_topology_topics(topology, bootstrap, partitions=partitions, create_source=True)
+        # A secured cluster (KAFKA_BOOTSTRAP_SERVERS plus the security settings in the
+        # environment, which the worker inherits): the demo's own clients use them too.
+        conf = client_config(settings)
+        ensure_topology_topics(topology, bootstrap, partitions=partitions, create_source=True, client_config=conf)
         port = free_port()
         # The installed console script, not `python -m`: that would put the working directory
         # (a source checkout, say) ahead of the installed package on sys.path.
@@ -74,13 +84,14 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
         for k, v in overrides.items():
             if k != "bootstrap_servers":
                 cmd += ["--set", f"{k}={v}"]
+        cmd += ["--set", f"state_dir={state}"]  # Faust's data directory: not in the cwd
         _say(f"broker {bootstrap}; worker: grudge-stream worker abuse_scores "
              f"(metrics on http://127.0.0.1:{port}/metrics)")
-        log_path = os.path.abspath(f"demo-worker-{run}.log")
+        log_path = os.path.join(work, "worker.log")
         with open(log_path, "wb") as log_file:
             worker = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                       env={**os.environ, "GRUDGE_SEED": seed})
-        _traffic_and_alerts(bootstrap, topology, seconds, rate)
+        _traffic_and_alerts(bootstrap, topology, seconds, rate, conf)
         _say(f"worker log: {log_path}")
         return 0
     finally:
@@ -90,14 +101,17 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
                 worker.wait(30)
             except subprocess.TimeoutExpired:
                 worker.kill()
+                worker.wait(10)
+        shutil.rmtree(state, ignore_errors=True)
         if broker is not None:
             broker.stop()
 
 
-def _traffic_and_alerts(bootstrap: str, topology, seconds: float, rate: float) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-alert-reader-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 10})
+def _traffic_and_alerts(bootstrap: str, topology, seconds: float, rate: float, conf: dict | None = None) -> None:
+    conf = {"bootstrap.servers": bootstrap, **(conf or {})}
+    producer = Producer({"linger.ms": 5, **conf})
+    consumer = Consumer({"auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 10, **conf,
+                         "group.id": f"demo-alert-reader-{uuid.uuid4().hex[:6]}"})
     consumer.subscribe([topology.outputs["alerts"]])
     rnd = random.Random(7)
     users = [f"user-{i:05d}" for i in range(5000)]

@@ -9,6 +9,7 @@ Maven artifacts.
 Command line::
 
     python -m grudge_stream.devkafka start  [--dir DIR] [--port N] [--keep-data]
+                 [--sasl-ssl-keystore P12 --sasl-ssl-keystore-password PW --sasl-user NAME:PW ...]
     python -m grudge_stream.devkafka status [--dir DIR]
     python -m grudge_stream.devkafka stop   [--dir DIR]
     python -m grudge_stream.devkafka jars
@@ -53,6 +54,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -309,12 +311,99 @@ def new_cluster_id() -> str:
             return cid
 
 
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER")
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "OAUTHBEARER": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule",
+}
+
+
+@dataclass(frozen=True)
+class SaslSslListener:
+    """An extra ``SASL_SSL`` listener on 127.0.0.1, for testing clients against a secured
+    broker. The PLAINTEXT listener stays (inter-broker traffic, readiness checks, tests).
+
+    ``keystore``: the broker's key and certificate chain (PKCS12 by default, or JKS with
+    ``keystore_type``); its certificate should name ``127.0.0.1`` / ``localhost``.
+    ``users``: name -> password, given SCRAM credentials (formatted into the cluster
+    metadata) for each SCRAM mechanism and a PLAIN entry for PLAIN. ``OAUTHBEARER`` uses
+    Kafka's *unsecured* token validator (unsigned tokens): tests only.
+    ``truststore`` and ``client_auth`` (none / requested / required): mutual TLS.
+    """
+
+    keystore: Path
+    keystore_password: str
+    key_password: str | None = None
+    keystore_type: str = "PKCS12"
+    users: Mapping[str, str] = field(default_factory=dict)
+    mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "PLAIN")
+    truststore: Path | None = None
+    truststore_password: str | None = None
+    truststore_type: str = "PKCS12"
+    client_auth: str = "none"
+    port: int | None = None
+
+    def check(self) -> None:
+        bad = [m for m in self.mechanisms if m not in SASL_MECHANISMS]
+        if bad or not self.mechanisms:
+            raise DevKafkaError(f"SASL mechanisms must be among {', '.join(SASL_MECHANISMS)}, got {bad}")
+        if self.client_auth not in ("none", "requested", "required"):
+            raise DevKafkaError("client_auth must be none, requested or required")
+        if not Path(self.keystore).is_file():
+            raise DevKafkaError(f"keystore {self.keystore} does not exist")
+        for name, pw in self.users.items():
+            # Kept out of the JAAS and --add-scram syntaxes, which have no escaping to speak of.
+            if not re.fullmatch(r"[A-Za-z0-9._@-]+", name) or not pw or re.search(r'[\\"\[\],=\s]', pw):
+                raise DevKafkaError(f"SASL user {name!r}: names take letters, digits and ._@-; "
+                                    "passwords must be non-empty without quotes, backslashes, brackets, "
+                                    "commas, '=' or spaces")
+
+    def scram_arguments(self) -> list[str]:
+        """``kafka-storage format`` arguments creating the SCRAM users."""
+        args = []
+        for mech in self.mechanisms:
+            if mech.startswith("SCRAM-"):
+                for name, pw in self.users.items():
+                    args += ["--add-scram", f"{mech}=[name={name},password={pw}]"]
+        return args
+
+    def properties(self, port: int) -> dict[str, str]:
+        """The listener's ``listener.name.sasl_ssl.*`` broker properties."""
+        pre = "listener.name.sasl_ssl."
+        props = {
+            pre + "sasl.enabled.mechanisms": ",".join(self.mechanisms),
+            pre + "ssl.keystore.location": str(Path(self.keystore).resolve()),
+            pre + "ssl.keystore.password": self.keystore_password,
+            pre + "ssl.keystore.type": self.keystore_type,
+            pre + "ssl.client.auth": self.client_auth,
+        }
+        if self.key_password:
+            props[pre + "ssl.key.password"] = self.key_password
+        if self.truststore:
+            props[pre + "ssl.truststore.location"] = str(Path(self.truststore).resolve())
+            props[pre + "ssl.truststore.type"] = self.truststore_type
+            if self.truststore_password:
+                props[pre + "ssl.truststore.password"] = self.truststore_password
+        for mech in self.mechanisms:
+            entries = ""
+            if mech == "PLAIN":
+                entries = "".join(f' user_{n}="{pw}"' for n, pw in self.users.items())
+            elif mech == "OAUTHBEARER":
+                entries = ' unsecuredLoginStringClaim_sub="devkafka"'
+            props[f"{pre}{mech.lower()}.sasl.jaas.config"] = f"{_JAAS_MODULES[mech]} required{entries};"
+        return props
+
+
 def broker_properties(
     port: int,
     controller_port: int,
     data_dir: Path,
     version: str,
     extra: Mapping[str, object] | None = None,
+    sasl_ssl: SaslSslListener | None = None,
+    sasl_ssl_port: int | None = None,
 ) -> dict[str, str]:
     """Settings for a single-node test broker; see docs/dev-broker.md for the why."""
     props: dict[str, object] = {
@@ -354,6 +443,11 @@ def broker_properties(
         # minors, and share groups do not exist.
         for k in [k for k in props if k.startswith("share.")]:
             del props[k]
+    if sasl_ssl is not None and sasl_ssl_port is not None:
+        props["listeners"] = f"{props['listeners']},SASL_SSL://127.0.0.1:{sasl_ssl_port}"
+        props["advertised.listeners"] = f"{props['advertised.listeners']},SASL_SSL://127.0.0.1:{sasl_ssl_port}"
+        props["listener.security.protocol.map"] = f"{props['listener.security.protocol.map']},SASL_SSL:SASL_SSL"
+        props.update(sasl_ssl.properties(sasl_ssl_port))
     if extra:
         props.update(extra)
     return {k: str(v) for k, v in props.items()}
@@ -389,6 +483,7 @@ log4j.logger.kafka.request.logger=WARN
 def _write_properties(path: Path, props: Mapping[str, str]) -> None:
     lines = ["# Generated by grudge_stream.devkafka"] + [f"{k}={v}" for k, v in props.items()]
     path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)  # may hold a keystore password
 
 
 def _read_properties(path: Path) -> dict[str, str]:
@@ -587,6 +682,9 @@ class LocalKafka:
         group joins without COORDINATOR_NOT_AVAILABLE retries.
     quiet:
         No progress lines on stderr.
+    sasl_ssl:
+        A ``SaslSslListener``: an extra SASL_SSL listener on 127.0.0.1 (its
+        address in ``sasl_ssl_bootstrap``); the PLAINTEXT listener stays.
     """
 
     def __init__(
@@ -602,7 +700,10 @@ class LocalKafka:
         extra_config: Mapping[str, object] | None = None,
         warm_up: bool = True,
         quiet: bool = False,
+        sasl_ssl: SaslSslListener | None = None,
     ) -> None:
+        if sasl_ssl is not None:
+            sasl_ssl.check()
         self._temp = state_dir is None
         self.state_dir = (
             Path(tempfile.mkdtemp(prefix="grudge-kafka-"))
@@ -617,7 +718,11 @@ class LocalKafka:
         self.die_with_parent = die_with_parent
         self.extra_config = dict(extra_config or {})
         self.quiet = quiet
+        self.sasl_ssl = sasl_ssl
         self.bootstrap: str | None = None
+        # "127.0.0.1:PORT" of the SASL_SSL listener, when there is one.
+        self.sasl_ssl_bootstrap: str | None = None
+        self._sasl_port: int | None = None
         self.pid: int | None = None
         self.warm_up = warm_up
         self.ready_seconds: float | None = None  # JVM launch -> metadata answered
@@ -651,6 +756,7 @@ class LocalKafka:
         existing = running_broker(self.state_dir)
         if existing:
             self.pid, self.bootstrap = int(existing["pid"]), existing["bootstrap"]
+            self.sasl_ssl_bootstrap = existing.get("sasl_ssl_bootstrap")
             self._say(f"already running (pid {self.pid}) at {self.bootstrap}")
             return self.bootstrap
         libs = resolve_jars(self.version, quiet=self.quiet)
@@ -685,7 +791,12 @@ class LocalKafka:
                         f"--keep-data: data in {data} was formatted for port {port}, "
                         f"not {self.port}"
                     )
-                props = broker_properties(port, cport, data, self.version, self.extra_config)
+                if self.sasl_ssl is not None:
+                    # The SCRAM users formatted then stay; new ones need a fresh start.
+                    ms = re.search(r"SASL_SSL://[^:]+:(\d+)", old.get("listeners", ""))
+                    self._sasl_port = int(ms.group(1)) if ms else (self.sasl_ssl.port or free_port())
+                props = broker_properties(port, cport, data, self.version, self.extra_config,
+                                          self.sasl_ssl, self._sasl_port)
                 _write_properties(server_props, props)
                 self._say(f"reusing formatted data in {data}")
                 return port, cport
@@ -699,7 +810,14 @@ class LocalKafka:
         cport = free_port()
         while cport == port:
             cport = free_port()
-        props = broker_properties(port, cport, data, self.version, self.extra_config)
+        scram: list[str] = []
+        if self.sasl_ssl is not None:
+            self._sasl_port = self.sasl_ssl.port or free_port()
+            while self._sasl_port in (port, cport):
+                self._sasl_port = free_port()
+            scram = self.sasl_ssl.scram_arguments()
+        props = broker_properties(port, cport, data, self.version, self.extra_config,
+                                  self.sasl_ssl, self._sasl_port)
         _write_properties(server_props, props)
         if _major(self.version) >= 4:
             (sd / "log4j2.properties").write_text(_LOG4J2_PROPERTIES)
@@ -718,6 +836,7 @@ class LocalKafka:
             new_cluster_id(),
             "--config",
             str(server_props),
+            *scram,
         ]
         proc = subprocess.run(
             cmd, cwd=sd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False
@@ -809,6 +928,8 @@ class LocalKafka:
             if not warm:
                 self._say("group coordinator not warm yet (first consumer group will wait)")
         self.bootstrap = bootstrap
+        if self._sasl_port is not None:
+            self.sasl_ssl_bootstrap = f"127.0.0.1:{self._sasl_port}"
         (sd / BOOTSTRAP_FILE).write_text(bootstrap + "\n")
         (sd / STATE_FILE).write_text(
             json.dumps(
@@ -816,6 +937,7 @@ class LocalKafka:
                     "pid": proc.pid,
                     "bootstrap": bootstrap,
                     "controller": f"127.0.0.1:{cport}",
+                    "sasl_ssl_bootstrap": self.sasl_ssl_bootstrap,
                     "version": self.version,
                     "started_at": time.time(),
                     "ready_seconds": round(self.ready_seconds, 3),
@@ -830,7 +952,12 @@ class LocalKafka:
         warm_note = (
             f", group coordinator warm at {self.warm_seconds:.1f} s" if self.warm_seconds else ""
         )
-        self._say(f"ready in {self.ready_seconds:.1f} s{warm_note}")
+        sasl_note = (
+            f"; SASL_SSL ({', '.join(self.sasl_ssl.mechanisms)}) on {self.sasl_ssl_bootstrap}"
+            if self.sasl_ssl is not None
+            else ""
+        )
+        self._say(f"ready in {self.ready_seconds:.1f} s{warm_note}{sasl_note}")
         return bootstrap
 
     @staticmethod
@@ -856,6 +983,7 @@ class LocalKafka:
             self._proc = None
             self.pid = None
             self.bootstrap = None
+            self.sasl_ssl_bootstrap = None
             for name in (PID_FILE, BOOTSTRAP_FILE, STATE_FILE):
                 with contextlib.suppress(OSError):
                     (self.state_dir / name).unlink()
@@ -947,7 +1075,58 @@ def _parser() -> argparse.ArgumentParser:
                 default=STARTUP_TIMEOUT_S,
                 help="seconds to wait for the broker to answer (default 60)",
             )
+            sasl = sp.add_argument_group(
+                "SASL_SSL listener",
+                "an extra SASL_SSL listener on 127.0.0.1 (the PLAINTEXT one stays); "
+                "its address is logged and recorded in broker.json",
+            )
+            sasl.add_argument(
+                "--sasl-ssl-keystore", type=Path, default=None,
+                help="the broker's keystore (PKCS12 unless --sasl-ssl-keystore-type): enables the listener",
+            )
+            sasl.add_argument("--sasl-ssl-keystore-password", default=None)
+            sasl.add_argument("--sasl-ssl-keystore-type", default="PKCS12")
+            sasl.add_argument("--sasl-ssl-key-password", default=None)
+            sasl.add_argument(
+                "--sasl-user", action="append", default=[], metavar="NAME:PASSWORD",
+                help="a user (SCRAM credentials for each SCRAM mechanism, a PLAIN entry for PLAIN)",
+            )
+            sasl.add_argument(
+                "--sasl-mechanisms", default="SCRAM-SHA-512,PLAIN",
+                help="comma-separated, among " + ", ".join(SASL_MECHANISMS) + " (default SCRAM-SHA-512,PLAIN)",
+            )
+            sasl.add_argument("--sasl-ssl-port", type=int, default=None)
+            sasl.add_argument("--sasl-ssl-truststore", type=Path, default=None,
+                              help="CA certificates of client certificates (mutual TLS)")
+            sasl.add_argument("--sasl-ssl-truststore-password", default=None)
+            sasl.add_argument("--sasl-ssl-client-auth", default="none", choices=("none", "requested", "required"))
     return p
+
+
+def _listener_from_args(args: argparse.Namespace) -> SaslSslListener | None:
+    if args.sasl_ssl_keystore is None:
+        return None
+    if not args.sasl_ssl_keystore_password:
+        raise DevKafkaError("--sasl-ssl-keystore needs --sasl-ssl-keystore-password")
+    users = {}
+    for item in args.sasl_user:
+        name, sep, pw = item.partition(":")
+        if not sep:
+            raise DevKafkaError(f"--sasl-user takes NAME:PASSWORD, got {name!r}")
+        users[name] = pw
+    return SaslSslListener(
+        keystore=args.sasl_ssl_keystore.resolve(),
+        keystore_password=args.sasl_ssl_keystore_password,
+        key_password=args.sasl_ssl_key_password,
+        keystore_type=args.sasl_ssl_keystore_type,
+        users=users,
+        mechanisms=tuple(m.strip().upper() for m in args.sasl_mechanisms.split(",") if m.strip()),
+        truststore=args.sasl_ssl_truststore.resolve() if args.sasl_ssl_truststore else None,
+        truststore_password=args.sasl_ssl_truststore_password,
+        truststore_type=args.sasl_ssl_keystore_type,
+        client_auth=args.sasl_ssl_client_auth,
+        port=args.sasl_ssl_port,
+    )
 
 
 def main(argv: list[str] | None = None, stdout: IO[str] | None = None) -> int:
@@ -965,6 +1144,7 @@ def main(argv: list[str] | None = None, stdout: IO[str] | None = None) -> int:
                 keep_data=args.keep_data,
                 startup_timeout=args.timeout,
                 die_with_parent=False,
+                sasl_ssl=_listener_from_args(args),
             )
             print(kafka.start(), file=out)
             return 0
@@ -977,9 +1157,11 @@ def main(argv: list[str] | None = None, stdout: IO[str] | None = None) -> int:
         if args.cmd == "status":
             state = running_broker(state_dir)
             if state:
+                sasl = state.get("sasl_ssl_bootstrap")
                 print(
                     f"running pid={state['pid']} bootstrap={state['bootstrap']} "
-                    f"version={state.get('version')} dir={state_dir}",
+                    f"version={state.get('version')} dir={state_dir}"
+                    + (f" sasl_ssl={sasl}" if sasl else ""),
                     file=out,
                 )
                 return 0

@@ -18,7 +18,8 @@ _MAX_KEYS = 4096
 
 
 class RepeatFilter(logging.Filter):
-    """At most one record per (logger, level, template) per ``interval_s``."""
+    """At most one record per (logger, level, template) per ``interval_s`` (per exact message for
+    grudge-stream's own loggers)."""
 
     def __init__(self, interval_s: float = REPEAT_INTERVAL_S) -> None:
         super().__init__()
@@ -26,7 +27,11 @@ class RepeatFilter(logging.Filter):
         self._seen: dict[tuple, list] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, record.levelno, str(record.msg)[:300])
+        # Third-party clients repeat one template with ever-changing arguments (node ids,
+        # timestamps): collapse by template. Ours log one line per partition, generation or
+        # event on purpose: collapse only exact repeats.
+        ours = record.name.startswith("grudge_stream") and record.name != "grudge_stream.kafka"
+        key = (record.name, record.levelno, record.getMessage()[:300] if ours else str(record.msg)[:300])
         now = time.monotonic()
         entry = self._seen.get(key)
         if entry is None or now - entry[0] >= self.interval_s:

@@ -205,8 +205,9 @@ class Settings:
         underscores) with the prefix cut off: client properties passed through by name."""
         out = {}
         env_prefix = _env_name(prefix)
+        own = TOOL_VARIABLES | {_env_name(n) for n in self.declared}
         for var, value in self.environ.items():
-            if var.startswith(env_prefix) and "__" not in var:
+            if var.startswith(env_prefix) and "__" not in var and var not in own:
                 out[var[len(env_prefix):].lower().replace("_", ".")] = value
         for name, value in self.overrides.items():
             if name.startswith(prefix):
@@ -302,6 +303,8 @@ COMMON: list[Setting] = [
     S("web_enabled", "bool", True, "Faust runtime: serve the web pages"),
     S("partitions", "int", 8, "Faust runtime: partitions of topics it creates", min=1),
     S("replication_factor", "int", 1, "replication factor of topics the worker creates", min=1),
+    S("broker_wait_s", "float", 120.0, "how long a starting worker waits for an unreachable cluster before "
+      "it exits (one line, exit 2)", "s", min=0),
     S("state_dir", "str", None, "where the worker keeps local files (default $GRUDGE_STATE_DIR, else a "
       "per-user state directory; never the working directory)"),
     S("liveness_timeout_s", "float", 60.0, "/live fails when the processing loop made no progress for this long",

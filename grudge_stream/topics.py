@@ -17,9 +17,12 @@ def topic_partitions(admin: AdminClient, topic: str, timeout: float = 30.0) -> i
     return len(t.partitions)
 
 
-def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], timeout: float = 30.0) -> list[str]:
-    """Create the missing topics of ``{name: (partitions, config)}``; return the created names."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
+def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], timeout: float = 30.0,
+                  client_config: dict | None = None) -> list[str]:
+    """Create the missing topics of ``{name: (partitions, config)}``; return the created names.
+
+    ``client_config``: ``grudge_stream.kafkaconf.client_config(settings)`` (security, pass-through)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
     existing = set(admin.list_topics(timeout=timeout).topics)
     new = [NewTopic(name, num_partitions=parts, replication_factor=1, config=conf)
            for name, (parts, conf) in specs.items() if name not in existing]
@@ -82,12 +85,13 @@ def source_topic_config(topology: Topology) -> dict[str, str]:
 
 
 def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partitions: int | None = None,
-                           create_source: bool = False, timestamp_bounds: bool = False) -> int:
+                           create_source: bool = False, timestamp_bounds: bool = False,
+                           client_config: dict | None = None) -> int:
     """Create the output and snapshot topics (and the source, if asked); return the source's partitions.
 
     ``timestamp_bounds``: a source topic created here gets ``source_topic_config`` (what
     ``grudge-stream topics`` and ``worker --create-source`` do)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
     n = topic_partitions(admin, topology.source_topic)
     if n is None:
         if not create_source:
@@ -97,8 +101,9 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
             )
         n = partitions or 8
         create_topics(bootstrap_servers,
-                      {topology.source_topic: (n, source_topic_config(topology) if timestamp_bounds else {})})
+                      {topology.source_topic: (n, source_topic_config(topology) if timestamp_bounds else {})},
+                      client_config=client_config)
     specs: dict[str, tuple[int, dict]] = {t: (n, {}) for t in set(topology.outputs.values())}
     specs[topology.snapshot_topic] = (n, dict(SNAPSHOT_TOPIC_CONFIG))
-    create_topics(bootstrap_servers, specs)
+    create_topics(bootstrap_servers, specs, client_config=client_config)
     return n

@@ -108,6 +108,19 @@ def _local_kafka() -> Iterator[str]:
         yield kafka.bootstrap
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir_outside_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Workers a test starts without a ``state_dir`` keep Faust's data directory in a session
+    temp dir, not in the user's ~/.local/state (grudge_stream.statedir honours XDG_STATE_HOME)."""
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address ``host:port`` of a real Kafka broker for this session."""

@@ -13,8 +13,9 @@ process, checkpoint) and in the operators. What this module adds to Faust:
 - an agent that takes batches of events (``take_events``), groups them by
   partition, runs each partition's operator and publishes its outputs with a
   dedicated confluent-kafka producer (no awaited send per event);
-- a checkpoint timer, revocation and shutdown hooks, ``/ready`` and
-  ``/metrics`` pages.
+- a checkpoint timer, revocation and shutdown hooks, ``/ready``, ``/live`` and
+  ``/metrics`` pages; Faust's data directory under the state directory
+  (``grudge_stream.statedir``), never the working directory.
 """
 from __future__ import annotations
 
@@ -35,10 +36,15 @@ from faust.types import TP
 from grudge_stream._cyext._ingest import group_records
 from grudge_stream.checkpoint import CheckpointStore, watermarks
 from grudge_stream.exceptions import CheckpointError, DeliveryError
+from grudge_stream.health import AssignmentWatch, BrokerProbe
+from grudge_stream.kafkaconf import client_config
+from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
+from grudge_stream.liveness import Liveness
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition
+from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
 
 log = logging.getLogger("grudge_stream.faust")
@@ -69,6 +75,14 @@ class CheckpointedConsumer(AIOKafkaConsumer):
 
     def _new_consumer_thread(self):
         return ShortWaitConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _wait_next_records(self, timeout: float):
+        # Every fetch-loop iteration (both drain modes) is progress for /live; it stops
+        # while the flow is stopped (a rebalance) or the loop is blocked downstream.
+        runtime = getattr(self.app, "grudge_runtime", None)
+        if runtime is not None:
+            runtime.liveness.beat()
+        return await super()._wait_next_records(timeout)
 
     async def perform_seek(self) -> None:
         await super().perform_seek()
@@ -186,11 +200,16 @@ class FaustRuntime:
         self.topology = topology
         self.settings = settings
         self.bootstrap = settings.bootstrap_servers
+        # Security and pass-through client properties of the confluent-kafka clients below
+        # (the aiokafka connection gets the same security from build_app: broker_credentials).
+        self.client_config = client_config(settings)
         self.metrics = Metrics()
-        self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic,
+        self.liveness = Liveness.from_settings(settings)
+        self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic, client_config=self.client_config,
                                      chunk_bytes=settings.get("snapshot_chunk_bytes", 512 * 1024),
                                      chunk_delay_s=settings.get("snapshot_chunk_delay_s", 0.0))
         self.publisher = OutputPublisher(self.bootstrap, topology.outputs, operator_id=topology.operator_id,
+                                         client_config=self.client_config,
                                          metrics=self.metrics)
         self.slots: dict[int, PartitionSlot] = {}
         self.restoring: dict[int, asyncio.Future] = {}
@@ -204,6 +223,10 @@ class FaustRuntime:
         # outputs, so no snapshot is written after that (the next owner replays).
         self.no_more_snapshots = False
         self._last_failure_log = 0.0
+        self.broker = BrokerProbe(self.client_config, topology.source_topic)
+        self.waiting = AssignmentWatch(settings.get("session_timeout_s", 30.0),
+                                       bool(settings.get("group_instance_id", "")))
+        self.consumer: Any = None  # the Faust consumer, once it positioned partitions
         self.drain = settings.get("drain", "batch")
         if self.drain not in ("batch", "agent"):
             raise ValueError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
@@ -214,14 +237,14 @@ class FaustRuntime:
         return {tp.partition for tp in tps if tp.topic == self.topology.source_topic}
 
     def _topic_partition_count(self) -> int:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+        admin = AdminClient({"log_level": 3, **self.client_config})
         md = admin.list_topics(topic=self.topology.source_topic, timeout=30)
         return len(md.topics[self.topology.source_topic].partitions)
 
     def _low_watermark(self, partition: int) -> int:
         from confluent_kafka import Consumer
 
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "grudge-watermarks"})
+        c = Consumer({**self.client_config, "group.id": "grudge-watermarks"})
         try:
             low, _ = watermarks(c, CKTopicPartition(self.topology.source_topic, partition))
             return low
@@ -252,13 +275,16 @@ class FaustRuntime:
 
     async def position_partitions(self, consumer: CheckpointedConsumer) -> None:
         """Called from perform_seek: restore every assigned source partition, then seek it."""
+        self.consumer = consumer
         tps = [tp for tp in consumer.assignment() if tp.topic == self.topology.source_topic]
         self.assigned = {tp.partition for tp in tps}
         self.metrics.assigned.set(len(tps))
         for tp in tps:
             p = tp.partition
             if p not in self.slots:
+                self.liveness.beat()  # a rebalance's restores count as progress, per partition
                 outcome = await self._start_restore(p)
+                self.liveness.beat()
                 self.restoring.pop(p, None)
                 if self.partition_count is None:
                     self.partition_count = self._topic_partition_count()
@@ -288,7 +314,20 @@ class FaustRuntime:
 
     @property
     def ready(self) -> bool:
-        return bool(self.assigned) and all(p in self.slots for p in self.assigned)
+        """Every assigned partition restored, and the cluster answering."""
+        return bool(self.assigned) and all(p in self.slots for p in self.assigned) and self.broker.ok()
+
+    def _record_lag(self) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        for p, slot in list(self.slots.items()):
+            try:
+                high = consumer.highwater(TP(self.topology.source_topic, p))
+            except Exception:  # noqa: BLE001 - not fetched yet
+                continue
+            if high is not None:
+                slot.set_log_end(high)
 
     # -- processing -------------------------------------------------------------------------------
 
@@ -358,12 +397,14 @@ class FaustRuntime:
         dirty = [self.slots[p] for p in partitions if p in self.slots and self.slots[p].dirty]
         if dirty:
             await loop.run_in_executor(None, checkpoint_slots, dirty, self.store, self.publisher,
-                                       lambda: self.stopping)
+                                       self.liveness.beating(lambda: self.stopping))
             for slot in dirty:
                 self.commit_limits[TP(self.topology.source_topic, slot.partition)] = slot.snapshotted_offset
         self.last_checkpoint = time.monotonic()
 
     async def checkpoint_tick(self) -> None:
+        self.waiting.tick(len(self.assigned))
+        self._record_lag()
         if time.monotonic() - self.last_checkpoint >= self.topology.checkpoint_interval_s:
             async with self.lock:
                 await self._periodic_checkpoint()
@@ -412,6 +453,12 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
     if instance_id:
         # Static membership: a restarted worker reclaims its partitions without a rebalance.
         options["consumer_group_instance_id"] = instance_id
+    # SASL / TLS of Faust's own aiokafka clients (consumer, producer, topic creation), from the
+    # same settings as the confluent-kafka clients; refuses what aiokafka cannot apply.
+    options.update(faust_options_from_settings(settings))
+    if "datadir" not in faust_options:
+        # Faust creates <datadir>/v1/tables at start; its default is "<app_id>-data" in the cwd.
+        options["datadir"] = str(app_state_dir(settings, topology.app_id))
     options.update(faust_options)
     app = GrudgeApp(topology.app_id, **options)
     runtime = FaustRuntime(app, topology, settings)
@@ -441,7 +488,13 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
     async def ready(web, request):
         status = 200 if runtime.ready else 503
         body = {"ready": runtime.ready, "assigned": sorted(runtime.assigned),
-                "restored": sorted(p for p in runtime.assigned if p in runtime.slots)}
+                "restored": sorted(p for p in runtime.assigned if p in runtime.slots),
+                "broker": runtime.broker.reachable, "broker_error": runtime.broker.error}
+        return web.json(body, status=status)
+
+    @app.page("/live")
+    async def live(web, request):
+        status, body = runtime.liveness.status()
         return web.json(body, status=status)
 
     @app.page("/metrics")

@@ -25,7 +25,9 @@ they go to the operators in one call per partition.
   stable ``group_instance_id`` (it names the transactional id), so a
   restarted worker aborts its predecessor's open transaction at once instead
   of waiting for the transaction timeout.
-- **Health**: ``/ready`` and ``/metrics`` on ``web_host:web_port``.
+- **Health**: ``/ready``, ``/live`` and ``/metrics`` on ``web_host:web_port``; ``/live``
+  fails when the consume loop made no progress for ``liveness_timeout_s``
+  (``grudge_stream.liveness``).
 - **Shutdown**: SIGTERM / SIGINT finish the current batch, write final
   snapshots, commit, and leave the group.
 """
@@ -46,6 +48,9 @@ from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import (BROKER_ABORT_CHECK_INTERVAL_S, OPEN_TRANSACTION_MARGIN_S,
                                       CheckpointStore, watermarks)
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
+from grudge_stream.health import AssignmentWatch, BrokerProbe
+from grudge_stream.kafkaconf import client_config
+from grudge_stream.liveness import Liveness
 from grudge_stream.metrics import Metrics
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, checkpoint_slots, restore_partition
@@ -60,6 +65,8 @@ class BatchWorker:
         self.topology = topology
         self.settings = settings
         self.bootstrap = settings.bootstrap_servers
+        # Security and pass-through client properties, for every client below (docs/security.md).
+        self.client_config = client_config(settings)
         self.topic = topology.source_topic
         self.app_id = topology.app_id
         self.instance_id = settings.get("group_instance_id", "")
@@ -74,6 +81,7 @@ class BatchWorker:
         if self.batch_size < 1 or self.batch_max_wait_ms < 1:
             raise ConfigError("batch_size and batch_max_wait_ms must be at least 1")
         self.metrics = Metrics()
+        self.liveness = Liveness.from_settings(settings)
         self.slots: dict[int, PartitionSlot] = {}
         self.assigned: set[int] = set()
         self.partition_count: int | None = None
@@ -95,6 +103,7 @@ class BatchWorker:
             "heartbeat.interval.ms": int(settings.get("heartbeat_interval_s", 3.0) * 1000),
             "max.poll.interval.ms": 300_000,
             **FAST_CONSUMER,
+            **self.client_config,
         }
         if self.instance_id:
             conf["group.instance.id"] = self.instance_id
@@ -110,18 +119,20 @@ class BatchWorker:
             txn_id = f"{self.app_id}-{self.instance_id or socket.gethostname() + '-' + str(os.getpid())}"
             self.producer = Producer({
                 "bootstrap.servers": self.bootstrap,
-                "transactional.id": txn_id,
-                "enable.idempotence": True,
-                "acks": "all",
                 "linger.ms": 5,
                 "compression.type": "lz4",
                 "message.max.bytes": 1024 * 1024 + 4096,
+                **self.client_config,
+                "transactional.id": txn_id,
+                "enable.idempotence": True,
+                "acks": "all",
                 "transaction.timeout.ms": int(txn_timeout_s * 1000),
             })
             self.producer.init_transactions(60)
         self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=self.producer,
-                                         operator_id=topology.operator_id, metrics=self.metrics)
-        self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic,
+                                         operator_id=topology.operator_id, metrics=self.metrics,
+                                         client_config=self.client_config)
+        self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic, client_config=self.client_config,
                                      chunk_bytes=settings.get("snapshot_chunk_bytes", 512 * 1024),
                                      chunk_delay_s=settings.get("snapshot_chunk_delay_s", 0.0),
                                      producer=self.producer,
@@ -132,6 +143,9 @@ class BatchWorker:
                                      or txn_timeout_s + BROKER_ABORT_CHECK_INTERVAL_S
                                      + OPEN_TRANSACTION_MARGIN_S)
         self._http: ThreadingHTTPServer | None = None
+        self.broker = BrokerProbe(self.client_config, self.topic)
+        self.waiting = AssignmentWatch(settings.get("session_timeout_s", 30.0), bool(self.instance_id))
+        self._lag_checked = 0.0
 
     # -- group membership ------------------------------------------------------------------------
 
@@ -145,9 +159,14 @@ class BatchWorker:
         return watermarks(self.consumer, TopicPartition(self.topic, p))[0]
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Every partition of the assignment counts as assigned before any is restored, so /ready
+        # says 503 until the last one is.
+        self.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
+        self.metrics.assigned.set(len(self.assigned))
         for tp in partitions:
             if tp.topic != self.topic:
                 continue
+            self.liveness.beat()  # restores run in consume(): each partition counts as progress
             outcome = restore_partition(self.topology, self.store, tp.partition, self._count(),
                                         lambda p=tp.partition: self._low(p), self.metrics)
             self.slots[tp.partition] = PartitionSlot(self.topology, tp.partition, outcome, self._count(),
@@ -194,7 +213,7 @@ class BatchWorker:
                 return
             self._begin()
         checkpoint_slots([self.slots[p] for p in dirty], self.store, None if self.exactly_once else self.publisher,
-                         self.stopping.is_set)
+                         self.liveness.beating(self.stopping.is_set))
         offsets = [TopicPartition(self.topic, p, self.slots[p].snapshotted_offset) for p in dirty
                    if self.slots[p].snapshotted_offset is not None]
         if self.exactly_once:
@@ -211,7 +230,21 @@ class BatchWorker:
 
     @property
     def ready(self) -> bool:
-        return bool(self.assigned) and all(p in self.slots for p in self.assigned)
+        """Every assigned partition restored, and the cluster answering."""
+        return bool(self.assigned) and all(p in self.slots for p in self.assigned) and self.broker.ok()
+
+    def _record_lag(self) -> None:
+        """Consumer lag per partition from the log ends librdkafka learned with its fetches."""
+        now = time.monotonic()
+        if now - self._lag_checked < 1.0:
+            return
+        self._lag_checked = now
+        for p, slot in self.slots.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+            except Exception:  # noqa: BLE001 - no fetch yet for a just-assigned partition
+                continue
+            slot.set_log_end(high)
 
     def run(self) -> int:
         self._start_http()
@@ -224,6 +257,7 @@ class BatchWorker:
         clean = False
         try:
             while not self.stopping.is_set():
+                self.liveness.beat()
                 msgs = self.consumer.consume(self.batch_size, timeout=batch_wait)
                 if msgs:
                     groups, errors = group_messages(msgs)
@@ -240,6 +274,8 @@ class BatchWorker:
                             self.publisher.publish(out)
                 if time.monotonic() - self.last_checkpoint >= interval:
                     self._periodic_checkpoint()
+                self.waiting.tick(len(self.assigned))
+                self._record_lag()
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 self.checkpoint()
@@ -282,8 +318,12 @@ class BatchWorker:
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.startswith("/ready"):
                     body = json.dumps({"ready": worker.ready, "assigned": sorted(worker.assigned),
-                                       "restored": sorted(worker.slots)}).encode()
+                                       "restored": sorted(worker.slots), "broker": worker.broker.reachable,
+                                       "broker_error": worker.broker.error}).encode()
                     self._send(200 if worker.ready else 503, body, "application/json")
+                elif self.path.startswith("/live"):
+                    status, live = worker.liveness.status()
+                    self._send(status, json.dumps(live).encode(), "application/json")
                 elif self.path.startswith("/metrics"):
                     self._send(200, worker.metrics.render(), "text/plain; version=0.0.4")
                 else:

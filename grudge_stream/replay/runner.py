@@ -115,8 +115,11 @@ class Progress:
 def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: Position,
            sink=None, write_snapshots: bool = False, from_snapshot: bool = False,
            batch_size: int = 2000, progress: bool = True, progress_stream: IO[str] | None = None,
-           consumer_config: dict | None = None) -> ReplayReport:
-    """Replay ``[start, end)`` of the topology's source topic through its operators."""
+           consumer_config: dict | None = None, client_config: dict | None = None) -> ReplayReport:
+    """Replay ``[start, end)`` of the topology's source topic through its operators.
+
+    ``client_config``: security and pass-through properties of every client it makes
+    (``grudge_stream.kafkaconf.client_config(settings)``)."""
     topic = topology.source_topic
     if write_snapshots and not (from_snapshot or start.kind == "earliest"):
         raise ConfigError(
@@ -132,6 +135,7 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
         "enable.partition.eof": False,
         "isolation.level": "read_committed",
         **FAST_CONSUMER,
+        **(client_config or {}),
         **(consumer_config or {}),
     })
     report = ReplayReport()
@@ -140,7 +144,8 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
         partitions = topic_partitions(consumer, topic)
         starts = resolve(consumer, topic, partitions, start)
         ends = resolve(consumer, topic, partitions, end)
-        store = CheckpointStore(bootstrap_servers, topology.snapshot_topic) if (write_snapshots or from_snapshot) else None
+        store = (CheckpointStore(bootstrap_servers, topology.snapshot_topic, client_config=client_config)
+                 if (write_snapshots or from_snapshot) else None)
         operators = {}
         for p in partitions:
             op = topology.make_operator(p)
@@ -211,12 +216,13 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
     return report
 
 
-def make_sink(topology: Topology, bootstrap_servers: str, output: str, topic_overrides: dict[str, str]):
+def make_sink(topology: Topology, bootstrap_servers: str, output: str, topic_overrides: dict[str, str],
+              client_config: dict | None = None):
     """``none`` (a dry run), ``-`` / ``stdout``, ``jsonl:PATH``, or ``topology`` (the topology's own
     topics, as overridden role by role with ``topic_overrides``)."""
     if output == "topology":
         topics = {**topology.outputs, **topic_overrides}
-        return OutputPublisher(bootstrap_servers, topics)
+        return OutputPublisher(bootstrap_servers, topics, client_config=client_config)
     if output == "none":
         return None
     if output in ("-", "stdout"):

@@ -137,7 +137,9 @@ class Harness:
         cmd = [sys.executable, "-m", "grudge_stream.cli", "worker", "abuse_scores",
                "--bootstrap-servers", self.bootstrap, "--web-port", str(port), "--loglevel", "info",
                "--no-create-topics"]
-        for k, v in {**self.overrides, **{k: str(v) for k, v in extra.items()}}.items():
+        # Faust's data directory in the test's directory, not the user's ~/.local/state.
+        state = {"state_dir": str(self.tmp_path / "state")}
+        for k, v in {**state, **self.overrides, **{k: str(v) for k, v in extra.items()}}.items():
             if k != "bootstrap_servers":
                 cmd += ["--set", f"{k}={v}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GRUDGE_")}

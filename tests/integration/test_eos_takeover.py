@@ -317,7 +317,7 @@ def test_takeover_while_a_foreign_transaction_hides_the_newest_snapshot(harness)
         # A commits a newer generation of partition 0 behind the foreign transaction: wait for
         # its manifest there, then for the group offset committed in the same transaction.
         newest = wait_for_manifest_after(h, probe, foreign_offset, deadline=time.monotonic() + 30)
-        watcher = Consumer({"bootstrap.servers": h.bootstrap, "group.id": h.topology.name})
+        watcher = Consumer({"bootstrap.servers": h.bootstrap, "group.id": h.topology.app_id})
         try:
             deadline = time.monotonic() + 30
             while True:

@@ -29,3 +29,13 @@ def test_json_lines() -> None:
     r = logging.LogRecord("grudge_stream.batch", logging.WARNING, "x", 1, "lag %d", (5,), None)
     body = json.loads(logsetup.JsonFormatter().format(r))
     assert body["level"] == "WARNING" and body["message"] == "lag 5" and body["logger"] == "grudge_stream.batch"
+
+
+def test_own_lines_per_partition_all_pass() -> None:
+    f = logsetup.RepeatFilter(interval_s=10)
+    recs = [logging.LogRecord("grudge_stream.partitions", logging.INFO, "x", 1, "restored %s[%d] mode=%s",
+                              ("t", p, "snapshot"), None) for p in range(8)]
+    assert all(f.filter(r) for r in recs)
+    again = logging.LogRecord("grudge_stream.partitions", logging.INFO, "x", 1, "restored %s[%d] mode=%s",
+                              ("t", 0, "snapshot"), None)
+    assert not f.filter(again)

@@ -1,0 +1,79 @@
+"""Liveness: is the worker's processing loop making progress? (``GET /live``)
+
+``/metrics`` and ``/ready`` answer from their own thread (batch runtime) or task
+(Faust) whatever the processing loop does, so they cannot tell a wedged worker
+from a healthy one. ``/live`` can: the runtimes call :meth:`Liveness.beat` at
+every step that shows progress, and ``/live`` fails (503) once the last beat is
+older than ``liveness_timeout_s`` (default 60 s).
+
+What beats:
+
+- every iteration of the processing loop: the batch runtime's ``consume()`` loop
+  (it returns at least every ``batch_max_wait_ms``, records or not), the Faust
+  consumer's fetch loop (``_wait_next_records``: at least every second while the
+  flow is active);
+- a checkpoint round that waits for outputs during a broker outage: the output
+  flush retries and logs every second, and beats each time — an outage is not
+  cured by a restart, and the round goes on once the broker is back;
+- restores, once per partition (before and after), so a rebalance that restores
+  many partitions counts as progress.
+
+What does not: a loop blocked in one call (a deadlock, a hung client call), a
+Faust rebalance that never completes (the flow stays stopped), a snapshot write
+or a restore of one partition longer than the timeout. Keep ``liveness_timeout_s``
+above the longest of those that is legitimate: the snapshot topic's flush
+timeout (30 s) and, with ``exactly_once``, ``open_transaction_wait_s``.
+
+Thread-safe without a lock: a beat is one float assignment (atomic under the GIL)
+and a reader only compares it with the clock.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from grudge_stream.exceptions import ConfigError
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class Liveness:
+    __slots__ = ("timeout_s", "_last", "_clock")
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not timeout_s > 0:
+            raise ConfigError(f"setting 'liveness_timeout_s' must be > 0, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        self._clock = clock
+        self._last = clock()
+
+    @classmethod
+    def from_settings(cls, settings) -> "Liveness":
+        return cls(settings.get("liveness_timeout_s", DEFAULT_TIMEOUT_S))
+
+    def beat(self) -> None:
+        self._last = self._clock()
+
+    def age(self) -> float:
+        """Seconds since the last beat."""
+        return max(0.0, self._clock() - self._last)
+
+    @property
+    def alive(self) -> bool:
+        return self.age() <= self.timeout_s
+
+    def beating(self, should_stop: Callable[[], bool]) -> Callable[[], bool]:
+        """``should_stop`` that also beats: handed to the output flush, which calls it about
+        once a second while it waits (and logs why)."""
+        def check() -> bool:
+            self._last = self._clock()
+            return should_stop()
+        return check
+
+    def status(self) -> tuple[int, dict]:
+        """HTTP status (200 or 503) and JSON body of ``/live``."""
+        age = self.age()
+        alive = age <= self.timeout_s
+        return (200 if alive else 503), {"live": alive, "last_progress_s": round(age, 3),
+                                         "timeout_s": self.timeout_s}

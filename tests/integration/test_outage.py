@@ -1,0 +1,82 @@
+"""A broker outage on the real broker, both runtimes: the worker rides it out, says so in a few
+lines, /ready turns 503 and back, and it catches up afterwards."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from confluent_kafka import Producer
+
+from grudge_stream.devkafka import free_port
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def devkafka(*args: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "grudge_stream.devkafka", *args], capture_output=True, text=True,
+                         timeout=180, cwd="/")
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+
+
+def http(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("runtime", ["batch", "faust"])
+def test_worker_rides_out_a_broker_outage(harness, tmp_path, runtime: str, kafka_bootstrap) -> None:
+    if kafka_bootstrap and not kafka_bootstrap.startswith("127.0.0.1"):
+        pytest.skip("needs a local broker it can stop")
+    port = free_port()
+    state = tmp_path / "broker"
+    bs = devkafka("start", "--dir", str(state), "--port", str(port))
+    try:
+        h = harness(partitions=2)  # topics on the session broker are not used below
+        h.bootstrap = bs
+        from grudge_stream.topics import ensure_topology_topics
+
+        ensure_topology_topics(h.topology, bs, partitions=2, create_source=True)
+        h.producer = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+        h.overrides["bootstrap_servers"] = bs
+        h.produce(h.make_events(3000, seed=61))
+        w = h.start_worker(runtime=runtime)
+        w_port = w.web_port
+        h.wait_caught_up()
+        wait_for(lambda: http(w_port, "/ready")[0] == 200, 30, "never ready")
+        lines_before = len(w.log().splitlines())
+        devkafka("stop", "--dir", str(state))
+        wait_for(lambda: http(w_port, "/ready")[0] == 503, 30, "/ready stayed 200 with the broker down")
+        assert http(w_port, "/ready")[1]["broker"] is False
+        time.sleep(30)
+        assert w.proc.poll() is None, w.log()[-3000:]
+        assert http(w_port, "/live")[0] == 200
+        outage_lines = len(w.log().splitlines()) - lines_before
+        devkafka("start", "--dir", str(state), "--port", str(port), "--keep-data")
+        h.producer = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+        h.produce(h.make_events(2000, seed=62))
+        h.wait_caught_up(timeout=180)
+        wait_for(lambda: http(w_port, "/ready")[0] == 200, 30, "not ready again after the outage")
+        body = urllib.request.urlopen(f"http://127.0.0.1:{w_port}/metrics", timeout=5).read().decode()
+        assert "grudge_consumer_lag_records{" in body and "process_resident_memory_bytes" in body
+        assert w.stop() == 0, w.log()[-3000:]
+        # A 30+ s outage is a few dozen lines, not thousands (repeats are collapsed).
+        assert outage_lines < 200, "\n".join(w.log().splitlines()[lines_before:lines_before + 60])
+    finally:
+        subprocess.run([sys.executable, "-m", "grudge_stream.devkafka", "stop", "--dir", str(state)],
+                       capture_output=True, timeout=120, cwd="/")
