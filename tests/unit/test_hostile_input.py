@@ -272,3 +272,44 @@ def test_framing_keys_from_the_public_key_frame_nobody_under_a_secret_key() -> N
     out = secret.process(recs, processing_ms=NOW)
     assert "innocent" not in raised(out)  # ...and not without the key
     assert secret.sketch.query(b"innocent", now_ms=secret.watermark) < 0.1
+
+
+HOSTILE_VALUES = {"abuse_scores": [BAD, GOOD], "rate_limit": [b'{"cost":1}', b'{"cost":0.5}'],
+                  "heavy_hitters": [b"x", b"y"], "dedup": [b"a", b"b"],
+                  "known_keys": [b'{"event":"seen"}', b'{"event":"accepted"}']}
+
+
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_every_topology_accounts_for_every_hostile_record(name: str) -> None:
+    """Big, empty and missing keys and values, garbage, skewed and ancient times: nothing
+    raises, every record is applied or dead-lettered, and dead letters fit their limit."""
+    import random
+
+    rnd = random.Random(9)
+    topo = load_topology(name, Settings({**SMALL_BY[name], "seed": secrets.token_hex(16)}, environ={}))
+    op = topo.make_operator(0)
+    op.dead_letter_limit = 50_000
+    good = HOSTILE_VALUES[name]
+    recs = []
+    t = NOW - 60_000
+    for i in range(600):
+        t += rnd.randint(0, 20)
+        key, value, ts = f"k{rnd.randrange(50)}".encode(), rnd.choice(good), t
+        r = rnd.random()
+        if r < 0.05:
+            key = rnd.choice([b"", None, b"k" * 2000, b"k" * 200_000])
+        elif r < 0.10:
+            value = rnd.choice([None, b"", bytes(rnd.randrange(256) for _ in range(300)), b"\x00" * 100_000])
+        elif r < 0.15:
+            ts = rnd.choice([1, NOW - 400 * 86_400_000, NOW + 59 * 60_000, t - 86_400_000 * 2])
+        recs.append(SourceRecord(topo.source_topic, 0, i, ts, key, value))
+    out = op.process(recs, processing_ms=NOW)
+    c = op.counters
+    assert c["events"] + c["dead_letters"] == len(recs)
+    dead = [o for o in out if o.role == "dead_letters"]
+    assert len(dead) == c["dead_letters"] > 0
+    assert all(len(o.value) + len(o.key or b"") <= 50_000 for o in dead)
+    assert {json.loads(o.value)["source"]["offset"] for o in dead} <= set(range(len(recs)))
+    clone = topo.make_operator(0)
+    clone.restore(op.snapshot())
+    assert clone.snapshot() == op.snapshot()
