@@ -154,12 +154,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for item in args.output_topic or []:
             role, _, topic = item.partition("=")
             if not topic or role not in topology.outputs:
-                raise SystemExit(f"--output-topic takes ROLE=TOPIC with ROLE in {sorted(topology.outputs)}")
+                raise ConfigError(f"--output-topic takes ROLE=TOPIC with ROLE in {sorted(topology.outputs)}")
             overrides[role] = topic
+        start, end = parse_position(args.from_), parse_position(args.to)
+        # Everything that needs no broker is checked before connecting: a mistake is one line at once.
+        if args.output != "topology":
+            sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides)
         conf = _connect(settings)
-        sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides, client_config=conf)
-        report = replay(topology, settings.bootstrap_servers, start=parse_position(args.from_),
-                        end=parse_position(args.to), sink=sink, write_snapshots=args.write_snapshots,
+        if args.output == "topology":
+            sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides, client_config=conf)
+        report = replay(topology, settings.bootstrap_servers, start=start,
+                        end=end, sink=sink, write_snapshots=args.write_snapshots,
                         from_snapshot=args.from_snapshot, progress=not args.quiet, client_config=conf)
     except GrudgeError as exc:
         print(f"grudge-stream replay: {exc}", file=sys.stderr)

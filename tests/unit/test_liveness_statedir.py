@@ -113,6 +113,14 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     worker.liveness = Liveness(60.0, clock=clock)
     worker.metrics = Metrics()
     worker.assigned, worker.slots = {0}, {0: object()}
+
+    class Reachable:  # the broker probe: the cluster answers
+        reachable, error = True, None
+
+        def ok(self) -> bool:
+            return True
+
+    worker.broker = Reachable()
     worker._http = None
     worker._start_http()
     try:

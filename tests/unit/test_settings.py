@@ -88,6 +88,9 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 def test_user_errors_are_one_line_and_exit_2(capsys, monkeypatch, argv, needle) -> None:
     for var in [v for v in __import__("os").environ if v.startswith("GRUDGE_") and v != "GRUDGE_KAFKA_CACHE"]:
         monkeypatch.delenv(var)
+    # No broker: every one of these mistakes must be caught before connecting.
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("GRUDGE_BROKER_WAIT_S", "0")
     code, out, err = run_cli(capsys, *argv)
     assert code == 2
     lines = err.strip().splitlines()
