@@ -133,6 +133,10 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
         assert _get(base + "/ready")[0] == 200, "readiness cannot tell: that is what /live is for"
         worker.liveness.beat()
         assert _get(base + "/live")[0] == 200
+        worker.broker.ok = lambda: False  # the cluster stopped answering
+        worker.broker.reachable, worker.broker.error = False, "all brokers down"
+        status, body = _get(base + "/ready")
+        assert status == 503 and body["broker"] is False and body["broker_error"] == "all brokers down"
     finally:
         worker._http.shutdown()
         worker._http.server_close()
