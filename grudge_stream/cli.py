@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     except GrudgeError as exc:  # a user error: one line, exit 2 (tracebacks are for bugs)
         print(f"grudge-stream {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `grudge-stream describe ... | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

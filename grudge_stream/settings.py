@@ -330,5 +330,12 @@ COMMON: list[Setting] = [
 PASSTHROUGH_PREFIXES = ("kafka.",)
 
 
-def topic_setting(name: str, default: str, help: str) -> Setting:
-    return Setting(name, "str", default, help)
+def identity(*, source: str, snapshots: str, operator_id: str, dead_letters: str) -> list[Setting]:
+    """The settings that name a topology's state and its source (state-shaping) and its
+    dead-letter topic, with the topology's defaults."""
+    return [
+        Setting("source_topic", "str", source, "the source topic", state=True),
+        Setting("snapshot_topic", "str", snapshots, "the compacted snapshot topic", state=True),
+        Setting("operator_id", "str", operator_id, "names the state on the snapshot topic", state=True),
+        Setting("dead_letter_topic", "str", dead_letters, "records that could not be applied"),
+    ]

@@ -152,7 +152,7 @@ def bind_settings(module, name: str, settings: Settings) -> Settings:
     ``settings``, checking every given name and value."""
     declared = getattr(module, "SETTINGS", None)
     if declared is not None:
-        settings.bind(topology_short_name(name), [*COMMON, *declared], PASSTHROUGH_PREFIXES,
+        settings.bind(topology_short_name(name), [*declared, *COMMON], PASSTHROUGH_PREFIXES,
                       getattr(module, "validate", None))
     return settings
 

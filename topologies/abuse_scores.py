@@ -18,17 +18,15 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.scores import EMIT_MODES, FeedbackScoreOperator
-from grudge_stream.settings import Setting, require_order
+from grudge_stream.settings import Setting, identity, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
 SETTINGS = [
-    S("source_topic", "str", "abuse-events", "the events", state=True),
+    *identity(source="abuse-events", snapshots="abuse-scores-snapshots",
+              operator_id="abuse-scores", dead_letters="abuse-dead-letters"),
     S("alerts_topic", "str", "abuse-alerts", "raised / cleared alerts"),
     S("scores_topic", "str", "abuse-scores", "scores (on crossings or every event)"),
-    S("dead_letter_topic", "str", "abuse-dead-letters", "records that could not be applied"),
-    S("snapshot_topic", "str", "abuse-scores-snapshots", "the compacted snapshot topic", state=True),
-    S("operator_id", "str", "abuse-scores", "names the state on the snapshot topic", state=True),
     S("levels", "int", 4, "sketch levels (cells per key)", min=1, max=16, state=True),
     S("cells_per_level", "int", 100_000, "sketch cells per level", min=1, state=True),
     S("decay_per_s", "float", 0.01, "exponential decay rate (half-life ln2/rate)", "1/s", min=0,

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
-from grudge_stream.settings import Setting
+from grudge_stream.settings import Setting, identity
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
 SETTINGS = [
-    S("source_topic", "str", "dedup-in", "the records", state=True),
+    *identity(source="dedup-in", snapshots="dedup-snapshots",
+              operator_id="dedup", dead_letters="dedup-dead-letters"),
     S("output_topic", "str", "dedup-out", "first sightings, forwarded"),
-    S("dead_letter_topic", "str", "dedup-dead-letters", "records that could not be applied"),
-    S("snapshot_topic", "str", "dedup-snapshots", "the compacted snapshot topic", state=True),
-    S("operator_id", "str", "dedup", "names the state on the snapshot topic", state=True),
     S("capacity", "int", 1_000_000, "keys per Bloom generation", "keys", min=1, state=True),
     S("fp_rate", "float", 0.001, "target false-positive rate", min=0, min_inclusive=False, max=0.5, state=True),
     S("period_ms", "int", 3_600_000, "generation period (the memory window)", "ms", min=1, state=True),

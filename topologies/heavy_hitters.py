@@ -16,17 +16,15 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.heavy import HeavyHitterOperator
-from grudge_stream.settings import Setting, require_order
+from grudge_stream.settings import Setting, identity, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
 SETTINGS = [
-    S("source_topic", "str", "hh-requests", "the requests", state=True),
+    *identity(source="hh-requests", snapshots="hh-snapshots",
+              operator_id="heavy-hitters", dead_letters="hh-dead-letters"),
     S("alerts_topic", "str", "hh-alerts", "raised / cleared alerts"),
     S("reports_topic", "str", "hh-top", "top-k reports"),
-    S("dead_letter_topic", "str", "hh-dead-letters", "records that could not be applied"),
-    S("snapshot_topic", "str", "hh-snapshots", "the compacted snapshot topic", state=True),
-    S("operator_id", "str", "heavy-hitters", "names the state on the snapshot topic", state=True),
     S("depth", "int", 4, "count-min rows", min=1, max=16, state=True),
     S("width", "int", 65_536, "count-min counters per row", min=1, state=True),
     S("epoch_ms", "int", 1000, "counters halve every epoch", "ms", min=1, state=True),

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.ratelimit import RateLimitOperator
-from grudge_stream.settings import Setting
+from grudge_stream.settings import Setting, identity
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
 SETTINGS = [
-    S("source_topic", "str", "ratelimit-requests", "the requests", state=True),
+    *identity(source="ratelimit-requests", snapshots="ratelimit-snapshots",
+              operator_id="rate-limit", dead_letters="ratelimit-dead-letters"),
     S("decisions_topic", "str", "ratelimit-decisions", "one allow/deny decision per request"),
-    S("dead_letter_topic", "str", "ratelimit-dead-letters", "records that could not be applied"),
-    S("snapshot_topic", "str", "ratelimit-snapshots", "the compacted snapshot topic", state=True),
-    S("operator_id", "str", "rate-limit", "names the state on the snapshot topic", state=True),
     S("rate_per_s", "float", 10.0, "token refill rate", "tokens/s", min=0, min_inclusive=False, state=True),
     S("burst", "float", 20.0, "bucket capacity", "tokens", min=0, min_inclusive=False, state=True),
     S("reject_penalty", "float", 0.0, "tokens a denied request costs anyway", "tokens", min=0),
