@@ -248,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     except GrudgeError as exc:  # a user error: one line, exit 2 (tracebacks are for bugs)
         print(f"grudge-stream {args.command}: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `grudge-stream describe ... | head`
-        sys.stderr.close()
+    except BrokenPipeError:  # `grudge-stream describe ... | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
