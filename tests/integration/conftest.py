@@ -131,6 +131,12 @@ class Harness:
 
     # -- workers ------------------------------------------------------------------------------
 
+    def track(self, proc: subprocess.Popen, log_path: Path, web_port: int) -> Worker:
+        """A worker process started elsewhere, killed by ``close()`` like the harness's own."""
+        w = Worker(proc, log_path, web_port)
+        self.workers.append(w)
+        return w
+
     def start_worker(self, web_port: int | None = None, **extra: object) -> Worker:
         port = web_port or free_port()
         log_path = self.tmp_path / f"worker-{len(self.workers)}.log"

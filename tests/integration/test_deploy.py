@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,26 +37,6 @@ pytestmark = pytest.mark.slow
 
 UID = GID = 65534  # nobody
 HERE = Path(__file__).resolve().parent
-
-
-class Worker:
-    """A worker process (the harness's ``Worker`` interface: ``h.close()`` kills it)."""
-
-    def __init__(self, proc: subprocess.Popen, log_path: Path, web_port: int) -> None:
-        self.proc, self.log_path, self.web_port = proc, log_path, web_port
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise AssertionError(f"worker ignored SIGTERM for {timeout}s; log: {self.log()[-3000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 def _run_probe(prefix: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
@@ -110,7 +89,7 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
         return 0, b""
 
 
-def _wait_status(worker: Worker, path: str, want: int, timeout: float) -> bytes:
+def _wait_status(worker, path: str, want: int, timeout: float) -> bytes:
     deadline = time.monotonic() + timeout
     while True:
         status, body = _get(worker.web_port, path)
@@ -124,7 +103,7 @@ def _wait_status(worker: Worker, path: str, want: int, timeout: float) -> bytes:
 
 
 def _start(h, cmd_prefix: list[str], runtime: str, env: dict, cwd: Path, tag: str,
-           **extra: object) -> Worker:
+           **extra: object):
     port = free_port()
     cmd = cmd_prefix + ["worker", "abuse_scores", "--runtime", runtime, "--bootstrap-servers", h.bootstrap,
                         "--web-port", str(port), "--loglevel", "info", "--no-create-topics"]
@@ -134,9 +113,7 @@ def _start(h, cmd_prefix: list[str], runtime: str, env: dict, cwd: Path, tag: st
     log_path = h.tmp_path / f"{tag}-{runtime}.log"
     with open(log_path, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(cwd))
-    w = Worker(proc, log_path, port)
-    h.workers.append(w)
-    return w
+    return h.track(proc, log_path, port)
 
 
 @pytest.mark.parametrize("runtime", ["faust", "batch"])
