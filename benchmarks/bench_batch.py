@@ -137,7 +137,9 @@ def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir:
                 return (n - v_first) / (now - t_first), cpu
             if proc.poll() is not None:
                 raise RuntimeError(f"worker exited with {proc.returncode}; see {log.name}")
-            time.sleep(0.05)
+            # Scrape like Prometheus would (rarely) until the end is near, then often enough to
+            # time the last event within 50 ms: a 20 Hz scrape costs the worker CPU of its own.
+            time.sleep(0.05 if v >= 0.9 * n or t_first is None else 0.5)
         raise RuntimeError("worker did not finish")
     finally:
         proc.send_signal(signal.SIGTERM)

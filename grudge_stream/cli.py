@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -56,6 +57,18 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or 127.0.0.1:9092)")
 
 
+def _freeze_heap() -> None:
+    """Take everything loaded at start-up (modules, the topology) out of the cyclic collector's
+    reach. The batch runtime's consume loop allocates thousands of short-lived records per batch,
+    which triggers collections; without this, each full collection walks the whole start-up heap
+    again (several per cent of a worker's CPU). Not for the Faust runtime: its consumer keeps
+    many fetched records alive, and with the start-up heap frozen, CPython's rule that full
+    collections wait until a quarter of the old objects are new stops holding them back
+    (measured: a third of the worker's time in the collector)."""
+    gc.collect()
+    gc.freeze()
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from grudge_stream.topics import check_group_runtime, ensure_topology_topics
 
@@ -78,6 +91,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from grudge_stream.replay.live import run_batch_worker
 
         logging.getLogger().setLevel(args.loglevel.upper())
+        _freeze_heap()
         return run_batch_worker(topology, settings)
     if runtime != "faust":
         raise SystemExit(f"--runtime must be faust or batch, not {runtime!r}")

@@ -134,6 +134,7 @@ class PartitionSlot:
         self.last_snapshot_wall = time.monotonic()
         self._labels = (self.operator.operator_id, str(partition))
         self._seen = dict(self.operator.counters)
+        self._children: dict = {}
 
     @property
     def dirty(self) -> bool:
@@ -152,23 +153,31 @@ class PartitionSlot:
             self._update_metrics()
         return out
 
+    def _child(self, metric, *extra):
+        """The metric's child for this partition (cached: ``labels()`` takes a lock and builds keys)."""
+        key = (id(metric), extra)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*self._labels, *extra)
+        return child
+
     def _update_metrics(self) -> None:
-        m, c, labels = self.metrics, self.operator.counters, self._labels
+        m, c, seen = self.metrics, self.operator.counters, self._seen
         for name, counter in (("events", m.events), ("dead_letters", m.dead_letters),
                               ("future_clamped", m.future_clamped), ("late", m.late_applied),
                               ("late_dropped", m.late_dropped)):
-            d = c.get(name, 0) - self._seen.get(name, 0)
+            d = c.get(name, 0) - seen.get(name, 0)
             if d:
-                counter.labels(*labels).inc(d)
+                self._child(counter).inc(d)
         for state in ("raised", "cleared"):
-            d = c.get("alerts_" + state, 0) - self._seen.get("alerts_" + state, 0)
+            d = c.get("alerts_" + state, 0) - seen.get("alerts_" + state, 0)
             if d:
-                m.alerts.labels(*labels, state).inc(d)
+                self._child(m.alerts, state).inc(d)
         self._seen = dict(c)
         wm = self.operator.watermark
         if wm is not None:
-            m.watermark.labels(*labels).set(wm / 1000.0)
-            m.watermark_lag.labels(*labels).set(time.time() - wm / 1000.0)
+            self._child(m.watermark).set(wm / 1000.0)
+            self._child(m.watermark_lag).set(time.time() - wm / 1000.0)
 
     def set_log_end(self, high: int) -> None:
         """Record the partition's log end (high watermark): the consumer-lag gauge."""
