@@ -44,6 +44,15 @@ cdef enum:
 
 cdef object _cfgmod = None
 
+# Snapshot header format (the "format" field; format 1 had none, see from_bytes).
+FORMAT = 2
+_CFG_FIELDS_V1 = frozenset({"capacity", "fp_rate", "generations", "period_ms", "seed", "hasher"})
+_STATE_FIELDS_V1 = frozenset({"positions", "hashes", "newest", "rotations", "period_index", "counts",
+                              "popcounts", "union_popcount"})
+_CFG_FIELDS = _CFG_FIELDS_V1 | {"overload"}
+_STATE_FIELDS = frozenset({"format", "positions", "hashes", "newest", "rotations", "generation_starts",
+                           "latest_ms", "counts", "popcounts", "union_popcount", "overloads"})
+
 
 cdef object _config_module():
     global _cfgmod
@@ -55,7 +64,7 @@ cdef object _config_module():
 
 cdef class ForgettingBloom:
     """ForgettingBloom(*, capacity, fp_rate, generations=2, period_ms=None, seed=0,
-    hasher="murmur3", clock=None)
+    hasher="murmur3", overload="shrink_window", clock=None)
 
     A Bloom filter that forgets gradually: a set of known keys for dedup, novelty
     and skip-the-check caches.
@@ -65,11 +74,19 @@ cdef class ForgettingBloom:
     so ``contains`` over all of them stays within ``fp_rate`` even when every
     generation is full. Inserts go to the newest generation; a key is present
     while any live generation holds it. The oldest generation is cleared and
-    becomes the newest (a rotation) when event time crosses a multiple of
-    ``period_ms`` (origin 0) and when the newest generation's insert count
-    reaches ``capacity``: forgetting is gradual, never a cliff. With
-    ``generations=G`` and period P, a key added at t stays present until the
-    G-th rotation after t (at least ``(G-1) * P``, at most ``G * P``).
+    becomes the newest (a rotation) when event time reaches the newest
+    generation's start + ``period_ms`` (generations start on the grid of
+    multiples of ``period_ms``, origin 0, until a capacity rotation re-phases
+    them) and, with ``overload="shrink_window"`` (the default), when the newest
+    generation's insert count reaches ``capacity``; a capacity rotation at
+    event time t starts the new generation at t. Forgetting is gradual, never a
+    cliff. With ``generations=G`` and period P, a key added at t stays present
+    until the G-th rotation after t: with time rotations only, at least
+    ``(G-1) * P`` and at most ``G * P``; with 2 generations, at least P
+    whenever no span of P event time holds more than ``capacity`` inserts
+    (docs/forgetting-bloom.md states the bound for G > 2). With
+    ``overload="raise_fp"`` nothing rotates by capacity: the window holds and
+    the false-positive rate rises past the target (``fp_rate_estimate``).
 
     Error direction: "absent" is always true; "present" can be false (rate
     about ``fp_rate``, see :meth:`fp_rate_estimate`). As a skip-the-check cache
@@ -92,9 +109,12 @@ cdef class ForgettingBloom:
     cdef int64_t _pops[MAXG]        # set bits per generation
     cdef int64_t _union_pop         # positions with any generation bit set
     cdef int64_t _rotations
+    cdef int64_t _overloads         # capacity rotations (shrink_window) / inserts beyond capacity (raise_fp)
+    cdef bint _raise_fp             # overload="raise_fp": no capacity rotation
     cdef int64_t _period_ms         # 0: no time-based rotation
-    cdef int64_t _P                 # current period index (max seen)
-    cdef int64_t _win_hi            # first ms of period P + 1
+    cdef int64_t _starts[MAXG]      # event-time start of each physical generation (once started)
+    cdef int64_t _win_hi            # the next time rotation is due: start of the newest + period (saturated)
+    cdef int64_t _t_hi              # the latest event time of a write (once started)
     cdef bint _started
     cdef Hasher _hasher
     cdef object _clock
@@ -109,9 +129,10 @@ cdef class ForgettingBloom:
         free(self._words)
 
     def __init__(self, *, capacity, fp_rate, generations=2, period_ms=None, seed=0,
-                 hasher="murmur3", clock=None):
+                 hasher="murmur3", overload="shrink_window", clock=None):
         cfg = _config_module().BloomConfig(capacity=capacity, fp_rate=fp_rate, generations=generations,
-                                           period_ms=period_ms, seed=seed, hasher=hasher)
+                                           period_ms=period_ms, seed=seed, hasher=hasher,
+                                           overload=overload)
         self._setup(cfg, clock)
 
     cdef _setup(self, cfg, clock):
@@ -148,12 +169,15 @@ cdef class ForgettingBloom:
         for g in range(MAXG):
             self._counts[g] = 0
             self._pops[g] = 0
+            self._starts[g] = 0
         self._union_pop = 0
         self._rotations = 0
+        self._overloads = 0
+        self._raise_fp = cfg.overload == "raise_fp"
         self._period_ms = 0 if cfg.period_ms is None else cfg.period_ms
-        self._P = 0
         self._started = False
         self._win_hi = -INT64_MAX - 1
+        self._t_hi = -INT64_MAX - 1
         self._hasher = make_hasher(algorithm_code(cfg.hasher), <uint64_t>cfg.seed)
 
     def use_hash_key(self, key):
@@ -191,6 +215,11 @@ cdef class ForgettingBloom:
         return self._config.period_ms
 
     @property
+    def overload(self):
+        """``"shrink_window"`` or ``"raise_fp"``: what gives way under overload."""
+        return self._config.overload
+
+    @property
     def hashes(self):
         """k, the indexes per key."""
         return self._k
@@ -211,10 +240,54 @@ cdef class ForgettingBloom:
         return self._rotations
 
     @property
+    def overloads(self):
+        """Overload events so far. ``shrink_window``: capacity rotations (a generation
+        reached ``capacity`` before its period ended; at or below the capacity rate
+        this only re-phases the generations, ``effective_window_ms`` shows whether
+        the window shrank); ``raise_fp``: inserts beyond ``capacity`` into a
+        generation (each one raises the fp rate above the sizing's target)."""
+        return self._overloads
+
+    @property
     def period_index(self):
-        """floor(time / period_ms) of the latest operation, or None (no period, or no
+        """floor(start of the newest generation / period_ms): without capacity
+        rotations, the period of the latest operation. None (no period, or no
         operation yet)."""
-        return self._P if (self._started and self._period_ms) else None
+        if not (self._started and self._period_ms):
+            return None
+        return gs_floordiv(self._starts[self._newest], self._period_ms)
+
+    @property
+    def generation_starts_ms(self):
+        """Event-time start of each live generation, oldest first (the newest last), or
+        None (no period, or no operation yet). A time rotation starts a generation
+        ``period_ms`` after the previous one; a capacity rotation starts it at the
+        event time that filled the previous one."""
+        if not (self._started and self._period_ms):
+            return None
+        return [self._starts[(self._newest + 1 + i) % self._G] for i in range(self._G)]
+
+    @property
+    def effective_window_ms(self):
+        """The event time a key added now is remembered for at the current insert rate
+        (None without a period). ``raise_fp``: ``(G-1) * period_ms`` (the window never
+        shrinks). ``shrink_window``: the span of the G-1 completed generations (start
+        of the oldest live generation to the start of the newest), at most
+        ``(G-1) * period_ms``; below that, capacity rotations have shortened it."""
+        if not self._period_ms:
+            return None
+        full = (self._G - 1) * self._config.period_ms
+        if self._raise_fp or not self._started:
+            return full
+        newest_start = self._starts[self._newest]
+        oldest_start = self._starts[(self._newest + 1) % self._G]
+        return min(newest_start - oldest_start, full)
+
+    @property
+    def newest_fill(self):
+        """Inserts in the newest generation / ``capacity`` (1.0 = full; above 1 only with
+        ``overload="raise_fp"``)."""
+        return <double>self._counts[self._newest] / <double>self._capacity
 
     def generation_counts(self):
         """Inserts per generation, newest first."""
@@ -249,7 +322,7 @@ cdef class ForgettingBloom:
     def __repr__(self):
         c = self._config
         return (f"ForgettingBloom(capacity={c.capacity}, fp_rate={c.fp_rate}, generations={c.generations}, "
-                f"period_ms={c.period_ms}, seed={c.seed}, hasher={c.hasher!r})")
+                f"period_ms={c.period_ms}, seed={c.seed}, hasher={c.hasher!r}, overload={c.overload!r})")
 
     def __reduce__(self):
         raise TypeError("ForgettingBloom is not picklable; use to_bytes() / from_bytes()")
@@ -287,6 +360,31 @@ cdef class ForgettingBloom:
         self._newest = old
         self._rotations += 1
 
+    cdef inline void _set_newest_start(self, int64_t s) noexcept nogil:
+        """The newest generation starts at s; its time rotation is due at s + period."""
+        self._starts[self._newest] = s
+        self._win_hi = INT64_MAX if s > INT64_MAX - self._period_ms else s + self._period_ms
+
+    cdef void _derive_older_starts(self) noexcept nogil:
+        """Older generations start one period apart before the newest (saturated): the
+        grid they had when they were rotated by time (used after a jump that cleared
+        every generation, and for snapshots written before the starts were kept)."""
+        cdef int i, g
+        cdef int64_t s = self._starts[self._newest]
+        for i in range(1, self._G):
+            g = (self._newest - i + self._G) % self._G
+            s = (-INT64_MAX - 1) if s < -INT64_MAX - 1 + self._period_ms else s - self._period_ms
+            self._starts[g] = s
+
+    cdef void _capacity_full(self) noexcept nogil:
+        """The newest generation reached capacity (shrink_window): rotate, and start the
+        new generation at the current event time (the latest time of a write: a late
+        event does not move time backwards)."""
+        self._rotate()
+        self._overloads += 1
+        if self._period_ms and self._started:
+            self._set_newest_start(self._t_hi)
+
     cdef void _clear_all(self, int64_t r) noexcept nogil:
         """r >= G rotations at once: every generation is cleared."""
         cdef int g
@@ -299,31 +397,54 @@ cdef class ForgettingBloom:
         self._rotations = INT64_MAX if r > INT64_MAX - self._rotations else self._rotations + r
         self._newest = <int>(self._rotations % self._G)
 
-    cdef inline void _set_window(self) noexcept nogil:
-        if self._P >= INT64_MAX / self._period_ms:
-            self._win_hi = INT64_MAX
+    cdef void _start_at(self, int64_t t) noexcept nogil:
+        """The first operation with a time: the newest generation starts at the period
+        grid point at or before t (floor(t / period) * period, saturated)."""
+        cdef uint64_t mod = <uint64_t>t - <uint64_t>gs_floordiv(t, self._period_ms) * <uint64_t>self._period_ms
+        cdef int64_t s
+        if <uint64_t>t - <uint64_t>(-INT64_MAX - 1) < mod:
+            s = -INT64_MAX - 1
         else:
-            self._win_hi = (self._P + 1) * self._period_ms
+            s = <int64_t>(<uint64_t>t - mod)
+        self._started = True
+        self._t_hi = t
+        self._set_newest_start(s)
+        self._derive_older_starts()
+
+    cdef inline int64_t _pending_at(self, int64_t t) noexcept nogil:
+        """Time rotations due at t >= win_hi: 1 + (t - win_hi) div period, saturated; 0
+        when the next rotation lies beyond the int64 range (win_hi saturated)."""
+        cdef uint64_t q
+        if self._starts[self._newest] > INT64_MAX - self._period_ms:
+            return 0
+        q = (<uint64_t>t - <uint64_t>self._win_hi) / <uint64_t>self._period_ms
+        return <int64_t>(q + 1) if q < <uint64_t>(INT64_MAX - 1) else INT64_MAX
 
     cdef void _advance(self, int64_t t) noexcept nogil:
-        """Event time t: rotate once per period boundary crossed since the latest time."""
-        cdef int64_t p = gs_floordiv(t, self._period_ms)
-        cdef int64_t r, i
+        """Event time t (>= win_hi, or the first time): one rotation per period_ms elapsed
+        since the newest generation's start, each new generation starting one period
+        after the previous one (so the grid is kept until a capacity rotation re-phases it)."""
+        cdef uint64_t q, P
+        cdef int64_t r, i, base
         if not self._started:
-            self._P = p
-            self._started = True
-            self._set_window()
+            self._start_at(t)
             return
-        if p <= self._P:
+        if t < self._win_hi:
             return
-        r = <int64_t>(<uint64_t>p - <uint64_t>self._P) if (<uint64_t>p - <uint64_t>self._P) < <uint64_t>INT64_MAX else INT64_MAX
+        r = self._pending_at(t)
+        if r == 0:
+            return
+        P = <uint64_t>self._period_ms
+        q = (<uint64_t>t - <uint64_t>self._win_hi) / P      # rotations due - 1
+        base = self._win_hi                                   # the first new generation's start
         if r >= self._G:
             self._clear_all(r)
+            self._set_newest_start(<int64_t>(<uint64_t>base + q * P))   # <= t: no overflow
+            self._derive_older_starts()
         else:
             for i in range(r):
                 self._rotate()
-        self._P = p
-        self._set_window()
+                self._set_newest_start(<int64_t>(<uint64_t>base + <uint64_t>i * P))
 
     cdef int64_t _now(self, object now_ms) except? -1:
         cdef int64_t t
@@ -339,7 +460,8 @@ cdef class ForgettingBloom:
             return t
         return time_value(now_ms)
 
-    cdef int _advance_to(self, object now_ms) except -1:
+    cdef int64_t _advance_to(self, object now_ms) except? -1:
+        """Rotate for event time now_ms; return it (0 without a period)."""
         cdef int64_t t
         if self._period_ms == 0:
             if now_ms is not None:
@@ -348,12 +470,9 @@ cdef class ForgettingBloom:
         t = self._now(now_ms)
         if t >= self._win_hi:
             self._advance(t)
-        return 0
-
-    cdef inline int64_t _pending(self, int64_t p) noexcept nogil:
-        """Rotations due between the current period and period p (p > P), saturated."""
-        cdef uint64_t d = <uint64_t>p - <uint64_t>self._P
-        return <int64_t>d if d < <uint64_t>INT64_MAX else INT64_MAX
+        if t > self._t_hi:
+            self._t_hi = t
+        return t
 
     cdef uint64_t _live_after(self, int64_t pending) noexcept nogil:
         """Generation mask of what would still be live after `pending` rotations."""
@@ -376,7 +495,7 @@ cdef class ForgettingBloom:
         t = self._now(now_ms)
         if not self._started or t < self._win_hi:
             return self._gmask
-        return self._live_after(self._pending(gs_floordiv(t, self._period_ms)))
+        return self._live_after(self._pending_at(t))
 
     # ------------------------------------------------------------------ bits
 
@@ -394,8 +513,9 @@ cdef class ForgettingBloom:
         return True
 
     cdef inline void _insert(self, uint64_t h) noexcept nogil:
-        """Set h's k bits in the newest generation; count it as an insert when it set a
-        new bit, and rotate when the newest generation reaches capacity."""
+        """Set h's k bits in the newest generation; count it as an insert
+        when it set a new bit, and, when the newest generation reaches capacity, rotate
+        (shrink_window) or count an overload (raise_fp, beyond capacity)."""
         cdef uint32_t i, idx, off
         cdef int lgw = self._lgw, lgpw = self._lgpw
         cdef uint32_t pwm = (1u << lgpw) - 1
@@ -419,7 +539,10 @@ cdef class ForgettingBloom:
             self._union_pop += newunion
             self._counts[g] += 1
             if <uint64_t>self._counts[g] >= self._capacity:
-                self._rotate()
+                if not self._raise_fp:
+                    self._capacity_full()
+                elif <uint64_t>self._counts[g] > self._capacity:
+                    self._overloads += 1
 
     cdef inline void _prefetch(self, uint64_t h) noexcept nogil:
         cdef uint32_t i, idx
@@ -429,7 +552,8 @@ cdef class ForgettingBloom:
 
     cdef void _run(self, int op, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                    uint8_t* out) noexcept nogil:
-        """op 0: add, 1: add_if_absent (out = was new), in order. The k word indexes of key
+        """op 0: add, 1: add_if_absent (out = was new), in order, at event times ts (NULL:
+        the batch's one time, already applied). The k word indexes of key
         i + PF are computed into a ring and their lines prefetched while key i runs, so
         the probe and the insert of key i reuse them from the ring and find them in cache."""
         cdef uint32_t ring[PF * MAXK]
@@ -441,6 +565,8 @@ cdef class ForgettingBloom:
         cdef int lgw = self._lgw, lgpw = self._lgpw
         cdef uint32_t pwm = (1u << lgpw) - 1
         cdef int64_t win_hi = self._win_hi
+        cdef bint raise_fp = self._raise_fp
+        cdef int64_t t_hi = self._t_hi
         cdef Py_ssize_t i, j
         cdef uint32_t r, idx, off
         cdef uint64_t acc, w, bit, h
@@ -456,10 +582,13 @@ cdef class ForgettingBloom:
                 gs_prefetch_w(words + (idx >> lgpw))
         for i in range(n):
             slot = ring + (i & (PF - 1)) * MAXK
-            if ts != NULL and ts[i] >= win_hi:
-                self._advance(ts[i])
-                win_hi = self._win_hi
-                g = self._newest
+            if ts != NULL:
+                if ts[i] >= win_hi:
+                    self._advance(ts[i])
+                    win_hi = self._win_hi
+                    g = self._newest
+                if ts[i] > t_hi:
+                    t_hi = ts[i]
             if op == 1:
                 acc = gmask
                 for r in range(k):
@@ -487,8 +616,13 @@ cdef class ForgettingBloom:
                     self._union_pop += newunion
                     self._counts[g] += 1
                     if <uint64_t>self._counts[g] >= self._capacity:
-                        self._rotate()
-                        g = self._newest
+                        if not raise_fp:
+                            self._t_hi = t_hi
+                            self._capacity_full()
+                            g = self._newest
+                            win_hi = self._win_hi
+                        elif <uint64_t>self._counts[g] > self._capacity:
+                            self._overloads += 1
             j = i + PF
             if j < n:
                 h = hs[j]
@@ -496,6 +630,7 @@ cdef class ForgettingBloom:
                     idx = gs_km_index_p(h, r, magic, m, pmask)
                     slot[r] = idx
                     gs_prefetch_w(words + (idx >> lgpw))
+        self._t_hi = t_hi
 
     cdef void _run_contains(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                             uint64_t live0, uint8_t* out) noexcept nogil:
@@ -507,8 +642,7 @@ cdef class ForgettingBloom:
         for i in range(n):
             live = live0
             if ts != NULL and self._started and ts[i] >= self._win_hi:
-                p = gs_floordiv(ts[i], self._period_ms)
-                live = self._live_after(self._pending(p))
+                live = self._live_after(self._pending_at(ts[i]))
             out[i] = self._probe(hs[i], live) if live else False
             if i + PF < n:
                 self._prefetch(hs[i + PF])
@@ -634,9 +768,10 @@ cdef class ForgettingBloom:
 
     def merge(self, ForgettingBloom other not None):
         """Union ``other`` into this filter: identical config and seed, and aligned
-        generations (same number of rotations, same period when both have seen time),
-        else MismatchError. Generation g of the result holds both inputs' generation g,
-        so every key present in either input is present in the result."""
+        generations (same number of rotations, the same generation starts when both
+        have seen time), else MismatchError. Generation g of the result holds both
+        inputs' generation g, so every key present in either input is present in the
+        result."""
         cdef Py_ssize_t i
         cdef int g
         cdef uint64_t* a = self._words
@@ -645,25 +780,31 @@ cdef class ForgettingBloom:
             raise MismatchError(
                 f"cannot merge Bloom filters with different configs: {self._config} vs {other._config}")
         if other._rotations != self._rotations or (
-                self._period_ms and self._started and other._started and self._P != other._P):
+                self._period_ms and self._started and other._started
+                and self.generation_starts_ms != other.generation_starts_ms):
             raise MismatchError(
                 f"cannot merge Bloom filters whose generations are not aligned (rotations "
-                f"{self._rotations} vs {other._rotations}, period index {self.period_index} vs "
-                f"{other.period_index}). Operator action: merge snapshots taken at the same period.")
+                f"{self._rotations} vs {other._rotations}, generation starts {self.generation_starts_ms} "
+                f"vs {other.generation_starts_ms}). Operator action: merge snapshots taken at the same "
+                f"period, of filters without capacity rotations.")
         with nogil:
             for i in range(self._nwords):
                 a[i] |= b[i]
         self._recount()
         for g in range(self._G):
             c = self._counts[g] + other._counts[g]
-            self._counts[g] = min(c, self._config.capacity, self._pops[g])
+            self._counts[g] = min(c, self._pops[g]) if self._raise_fp else min(c, self._config.capacity, self._pops[g])
         if not self._started and other._started:
             self._started = True
-            self._P = other._P
-            if self._period_ms:
-                self._set_window()
-        if <uint64_t>self._counts[self._newest] >= self._capacity:
-            self._rotate()
+            for g in range(self._G):
+                self._starts[g] = other._starts[g]
+            self._win_hi = other._win_hi
+            self._t_hi = other._t_hi
+        elif other._started and other._t_hi > self._t_hi:
+            self._t_hi = other._t_hi
+        self._overloads = max(self._overloads, other._overloads)
+        if not self._raise_fp and <uint64_t>self._counts[self._newest] >= self._capacity:
+            self._capacity_full()
 
     cdef _recount(self):
         """Recompute per-generation popcounts and the union popcount from the bits."""
@@ -684,8 +825,8 @@ cdef class ForgettingBloom:
     # ------------------------------------------------------------------ snapshots
 
     def to_bytes(self):
-        """Serialize: envelope + JSON header (config, sizing, generation state) +
-        the little-endian bit array (docs/forgetting-bloom.md)."""
+        """Serialize: envelope + JSON header (format 2: config, sizing, generation
+        state) + the little-endian bit array (docs/forgetting-bloom.md)."""
         header = self._config.to_dict()
         header.update(self._state_header())
         bits = np.asarray(<uint64_t[:self._nwords]>self._words).astype("<u8", copy=False).tobytes()
@@ -693,39 +834,53 @@ cdef class ForgettingBloom:
 
     cdef dict _state_header(self):
         return {
+            "format": FORMAT,
             "positions": self._m,
             "hashes": self._k,
             "newest": self._newest,
             "rotations": self._rotations,
-            "period_index": self._P if self._started else None,
+            "generation_starts": ([self._starts[g] for g in range(self._G)]
+                                  if (self._started and self._period_ms) else None),
+            "latest_ms": self._t_hi if (self._started and self._period_ms) else None,
             "counts": [self._counts[g] for g in range(self._G)],
             "popcounts": [self._pops[g] for g in range(self._G)],
             "union_popcount": self._union_pop,
+            "overloads": self._overloads,
         }
 
     @classmethod
     def from_bytes(cls, data, *, clock=None):
-        """Restore a filter from :meth:`to_bytes`; anything truncated, corrupted, of
-        another kind or version, or violating an invariant raises SnapshotError."""
+        """Restore a filter from :meth:`to_bytes` (format 2, or format 1 written by earlier
+        releases: its generations start on the period grid and ``overload`` is
+        ``shrink_window``); anything truncated, corrupted, of another kind or of an
+        unknown format, or violating an invariant raises SnapshotError."""
         header, payload = unpack(data, KIND_FORGETTING_BLOOM)
-        cfg_fields = {"capacity", "fp_rate", "generations", "period_ms", "seed", "hasher"}
-        state_fields = {"positions", "hashes", "newest", "rotations", "period_index", "counts",
-                        "popcounts", "union_popcount"}
+        fmt = header.get("format", 1)
+        if fmt == 1 and "format" not in header:
+            cfg_fields, state_fields = _CFG_FIELDS_V1, _STATE_FIELDS_V1
+        elif type(fmt) is int and fmt == FORMAT:
+            cfg_fields, state_fields = _CFG_FIELDS, _STATE_FIELDS
+        else:
+            raise SnapshotError(f"ForgettingBloom snapshot has an unknown header format {fmt!r}; this release "
+                                f"reads format {FORMAT} and format 1 (no format field). Operator action: load "
+                                f"it with the release that wrote it.")
         if set(header) != cfg_fields | state_fields:
-            raise SnapshotError(f"ForgettingBloom snapshot header has fields {sorted(header)}, "
+            raise SnapshotError(f"ForgettingBloom snapshot (format {fmt}) header has fields {sorted(header)}, "
                                 f"expected {sorted(cfg_fields | state_fields)}")
         if type(header["fp_rate"]) is not float:
             raise SnapshotError("ForgettingBloom snapshot fp_rate is not a float")
+        if fmt == FORMAT and type(header["overload"]) is not str:
+            raise SnapshotError("ForgettingBloom snapshot overload is not a string")
         try:
             cfg = _config_module().BloomConfig(**{k: header[k] for k in cfg_fields})
         except (ConfigError, TypeError) as exc:
             raise SnapshotError(f"ForgettingBloom snapshot holds an invalid config: {exc}") from None
         cdef ForgettingBloom self = ForgettingBloom.__new__(ForgettingBloom)
         self._setup(cfg, clock)
-        self._load(header, payload)
+        self._load(header, payload, fmt)
         return self
 
-    cdef _load(self, dict header, payload):
+    cdef _load(self, dict header, payload, int fmt):
         cdef int g
         cdef Py_ssize_t i
         cdef uint64_t unused
@@ -740,9 +895,37 @@ cdef class ForgettingBloom:
             raise SnapshotError("ForgettingBloom snapshot rotations is not a non-negative integer")
         if not is_int(header["newest"], 0, G - 1) or header["newest"] != header["rotations"] % G:
             raise SnapshotError("ForgettingBloom snapshot newest generation is inconsistent with its rotations")
-        pidx = header["period_index"]
-        if pidx is not None and (not self._period_ms or not is_int(pidx, -(1 << 63), (1 << 63) - 1)):
-            raise SnapshotError("ForgettingBloom snapshot period_index is invalid")
+        newest = header["newest"]
+        starts = None
+        if fmt == 1:
+            pidx = header["period_index"]
+            if pidx is not None and (not self._period_ms or not is_int(pidx, -(1 << 63), (1 << 63) - 1)):
+                raise SnapshotError("ForgettingBloom snapshot period_index is invalid")
+            if pidx is not None:
+                # Format 1 rotated on the grid only: the newest generation started at pidx * period.
+                s = max(pidx * self._period_ms, -(1 << 63))
+                starts = [None] * G
+                for i in range(G):
+                    starts[(newest - i) % G] = max(s - i * self._period_ms, -(1 << 63))
+            overloads = 0
+            latest = None if starts is None else starts[newest]
+        else:
+            starts = header["generation_starts"]
+            if starts is not None:
+                if (not self._period_ms or type(starts) is not list or len(starts) != G
+                        or not all(is_int(v, -(1 << 63), (1 << 63) - 1) for v in starts)):
+                    raise SnapshotError("ForgettingBloom snapshot generation_starts is invalid")
+                ring = [starts[(newest + 1 + i) % G] for i in range(G)]   # oldest first
+                if any(ring[i] > ring[i + 1] for i in range(G - 1)):
+                    raise SnapshotError("ForgettingBloom snapshot generation starts are not in order")
+            latest = header["latest_ms"]
+            if (latest is None) != (starts is None) or (
+                    latest is not None and not is_int(latest, starts[newest], (1 << 63) - 1)):
+                raise SnapshotError("ForgettingBloom snapshot latest_ms is invalid")
+            overloads = header["overloads"]
+            if not is_int(overloads, 0, INT64_MAX) or (not self._raise_fp and overloads > header["rotations"]):
+                raise SnapshotError("ForgettingBloom snapshot overloads is invalid")
+        cap = INT64_MAX if self._raise_fp else self._config.capacity
         counts, pops = header["counts"], header["popcounts"]
         if (type(counts) is not list or type(pops) is not list or len(counts) != G or len(pops) != G):
             raise SnapshotError(f"ForgettingBloom snapshot needs {G} counts and popcounts")
@@ -760,7 +943,7 @@ cdef class ForgettingBloom:
             self._words[i] = bv[i]
         self._recount()
         for g in range(G):
-            if (not is_int(counts[g], 0, self._config.capacity) or type(pops[g]) is not int
+            if (not is_int(counts[g], 0, cap) or type(pops[g]) is not int
                     or pops[g] != self._pops[g]):
                 raise SnapshotError(f"ForgettingBloom generation {g} state does not match its bits")
             if counts[g] > self._pops[g]:
@@ -768,13 +951,16 @@ cdef class ForgettingBloom:
             self._counts[g] = counts[g]
         if type(header["union_popcount"]) is not int or header["union_popcount"] != self._union_pop:
             raise SnapshotError("ForgettingBloom snapshot union popcount does not match its bits")
-        if counts[header["newest"]] >= self._config.capacity:
+        if not self._raise_fp and counts[newest] >= self._config.capacity:
             raise SnapshotError("ForgettingBloom newest generation is at capacity (it should have rotated)")
-        if self._period_ms and pidx is None and (self._union_pop or header["rotations"]):
-            raise SnapshotError("ForgettingBloom snapshot has content but no period index")
-        self._newest = header["newest"]
+        if self._period_ms and starts is None and (self._union_pop or header["rotations"]):
+            raise SnapshotError("ForgettingBloom snapshot has content but no generation start")
+        self._newest = newest
         self._rotations = header["rotations"]
-        if pidx is not None:
-            self._P = pidx
+        self._overloads = overloads
+        if starts is not None:
+            for g in range(G):
+                self._starts[g] = starts[g]
             self._started = True
-            self._set_window()
+            self._t_hi = latest
+            self._set_newest_start(starts[newest])

@@ -3,9 +3,13 @@
 Events: any records; the dedup key is the record key (``raw``) or a JSON field
 (``key_field``). First sightings are forwarded unchanged to the output topic.
 A ``ForgettingBloom`` sized for ``capacity`` keys per generation at
-``fp_rate`` remembers keys for one to two ``period_ms`` (two generations).
-A false positive drops a new key's record (rate bounded by ``fp_rate``); a
-key is never forwarded twice inside its window.
+``fp_rate`` (two generations) remembers a key for at least (G-1)·period_ms
+(one ``period_ms``) while at most ``capacity`` new keys arrive per period: a
+re-send inside that window is never forwarded twice. When more arrive,
+``overload`` chooses what gives: ``shrink_window`` (default) keeps the fp rate
+and shortens the window; ``raise_fp`` keeps the window and lets the fp rate
+rise (docs/forgetting-bloom.md). A false positive drops a new key's record
+(rate bounded by ``fp_rate`` unless ``raise_fp`` is overloaded).
 
 Settings: ``grudge-stream describe dedup`` (``SETTINGS`` below, plus the settings
 every topology takes, docs/runtime.md).
@@ -15,6 +19,7 @@ from __future__ import annotations
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.settings import Setting, identity
+from grudge_stream.sketches.bloom import OVERLOAD_MODES
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
@@ -24,7 +29,11 @@ SETTINGS = [
     S("output_topic", "str", "dedup-out", "first sightings, forwarded"),
     S("capacity", "int", 1_000_000, "keys per Bloom generation", "keys", min=1, state=True),
     S("fp_rate", "float", 0.001, "target false-positive rate", min=0, min_inclusive=False, max=0.5, state=True),
-    S("period_ms", "int", 3_600_000, "generation period (the memory window)", "ms", min=1, state=True),
+    S("period_ms", "int", 3_600_000, "generation period: keys are remembered at least this long while at "
+      "most `capacity` new keys arrive per period", "ms", min=1, state=True),
+    S("overload", "choice", "shrink_window", "more than `capacity` new keys in a period: shrink_window "
+      "(the window shortens, fp rate held) or raise_fp (the window holds, fp rate rises)",
+      choices=OVERLOAD_MODES, state=True),
     S("key_field", "str", None, "JSON field holding the id (default: the record key)", state=True),
 ]
 
@@ -33,7 +42,8 @@ def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "dedup-in")
     operator_id = settings.get("operator_id", "dedup")
     bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
-             "period_ms": settings.get("period_ms", 3_600_000), "hasher": "siphash"}
+             "period_ms": settings.get("period_ms", 3_600_000), "hasher": "siphash",
+             "overload": settings.get("overload", "shrink_window")}
     common = operator_settings(settings, "dedup")
     key_field = settings.get("key_field", None)
     codec = (EventCodec(encoding="raw", **codec_settings(settings)) if key_field is None

@@ -3,9 +3,12 @@
 The source topic carries ``{"event": "seen"}`` for every request and
 ``{"event": "accepted"}`` / ``{"event": "rejected"}`` verdicts that the
 backend writes back, all keyed by the key being checked. Unknown keys go to
-the checks topic; known ones are skipped. Only accepted keys are remembered,
-for one to two ``period_ms``; the cache fails open at most at ``fp_rate``
-(docs/forgetting-bloom.md).
+the checks topic; known ones are skipped. Only accepted keys are remembered:
+for at least (G-1)·period_ms (one ``period_ms``, two generations) while at
+most ``capacity`` new keys arrive per period. When more arrive, ``overload``
+chooses what gives: ``shrink_window`` (default) shortens the window (more
+re-checks), ``raise_fp`` lets the fp rate rise (more unknown keys skipped).
+The cache fails open at most at ``fp_rate`` (docs/forgetting-bloom.md).
 
 Settings: ``grudge-stream describe known_keys`` (``SETTINGS`` below, plus the settings
 every topology takes, docs/runtime.md).
@@ -15,6 +18,7 @@ from __future__ import annotations
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.knownkeys import EVENTS, KnownKeyOperator
 from grudge_stream.settings import Setting, identity
+from grudge_stream.sketches.bloom import OVERLOAD_MODES
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
@@ -24,7 +28,11 @@ SETTINGS = [
     S("checks_topic", "str", "known-keys-checks", "keys the backend must check"),
     S("capacity", "int", 1_000_000, "keys per Bloom generation", "keys", min=1, state=True),
     S("fp_rate", "float", 0.001, "target false-positive rate", min=0, min_inclusive=False, max=0.5, state=True),
-    S("period_ms", "int", 600_000, "generation period (the memory window)", "ms", min=1, state=True),
+    S("period_ms", "int", 600_000, "generation period: accepted keys are remembered at least this long "
+      "while at most `capacity` new keys arrive per period", "ms", min=1, state=True),
+    S("overload", "choice", "shrink_window", "more than `capacity` new keys in a period: shrink_window "
+      "(the window shortens: more re-checks) or raise_fp (the window holds, fp rate rises: more skips)",
+      choices=OVERLOAD_MODES, state=True),
 ]
 
 
@@ -32,7 +40,8 @@ def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "known-keys-events")
     operator_id = settings.get("operator_id", "known-keys")
     bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
-             "period_ms": settings.get("period_ms", 600_000), "hasher": "siphash"}
+             "period_ms": settings.get("period_ms", 600_000), "hasher": "siphash",
+             "overload": settings.get("overload", "shrink_window")}
     common = operator_settings(settings, "known_keys")
 
     codec = EventCodec(value_field="event", outcomes=EVENTS, allow_numbers=False, **codec_settings(settings))

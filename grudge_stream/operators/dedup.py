@@ -1,11 +1,17 @@
 """Streaming dedup / novelty: forward only the first sighting of each key.
 
-A ``ForgettingBloom`` remembers the keys seen in the last one to two
-generation periods. A key it has not seen is inserted and its record is
+A ``ForgettingBloom`` (the ``bloom`` dict: its constructor arguments) remembers
+the keys it has seen. A key it has not seen is inserted and its record is
 forwarded unchanged (role ``forward``); a key it has seen is dropped and
-counted. The error direction: a false positive drops a new key's record
-(at most the fp target, see ``fp_rate_estimate``); a key is never forwarded
-twice within its memory window.
+counted. The window: a key is remembered for at least (G-1)·period_ms (one
+``period_ms`` with the default 2 generations) while at most ``capacity`` new
+keys arrive per period, so a re-send inside that window is never forwarded
+twice. Beyond that rate the bloom's ``overload`` setting decides:
+``shrink_window`` (default) keeps the fp rate and shortens the window (the
+bloom's ``effective_window_ms`` and ``overloads`` show by how much);
+``raise_fp`` keeps the window and lets the fp rate rise (``fp_rate_estimate``).
+The error direction: a false positive drops a new key's record (at most the fp
+target, see ``fp_rate_estimate``).
 """
 from __future__ import annotations
 
@@ -32,7 +38,12 @@ class DedupOperator(BloomOperator):
         self.counters.update(forwarded=0, duplicates=0)
 
     def config_dict(self) -> dict:
-        return {"bloom": self.bloom_config}
+        # The default overload is left out, so state written before the setting existed
+        # keeps its fingerprint.
+        conf = dict(self.bloom_config)
+        if conf.get("overload") == "shrink_window":
+            del conf["overload"]
+        return {"bloom": conf}
 
     def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
               out: list[OutputRecord]) -> None:

@@ -11,10 +11,15 @@ both land in the same partition):
 
 For a ``seen`` key the ``ForgettingBloom`` answers: present → counted as
 skipped (no output); absent → a ``checks`` record asks the backend to check
-it. ``accepted`` inserts the key. The error direction is fail-open: a Bloom
-false positive skips the check of an unknown key, at most at the fp target
-(``fp_rate_estimate`` reports the live rate) and only until the key's
-generation is forgotten (one to two ``period_ms``).
+it. ``accepted`` inserts the key. An accepted key stays known for at least
+(G-1)·period_ms (one ``period_ms`` with the default 2 generations) while at
+most ``capacity`` new keys arrive per period; beyond that rate the bloom's
+``overload`` setting decides whether the window shrinks (``shrink_window``,
+default: more re-checks, fp rate held) or the fp rate rises (``raise_fp``:
+fewer re-checks, more unknown keys skipped). The error direction is
+fail-open: a Bloom false positive skips the check of an unknown key, at most
+at the fp target (``fp_rate_estimate`` reports the live rate) and only until
+the key's generation is forgotten (at most G·period_ms).
 """
 from __future__ import annotations
 
@@ -45,7 +50,12 @@ class KnownKeyOperator(BloomOperator):
         self.counters.update(checks=0, skipped=0, accepted=0, rejected=0)
 
     def config_dict(self) -> dict:
-        return {"bloom": self.bloom_config}
+        # The default overload is left out, so state written before the setting existed
+        # keeps its fingerprint.
+        conf = dict(self.bloom_config)
+        if conf.get("overload") == "shrink_window":
+            del conf["overload"]
+        return {"bloom": conf}
 
     def validate_event(self, ev: Event) -> None:
         if ev.value not in (0.0, 1.0, 2.0):

@@ -20,6 +20,7 @@ __all__ = [
     "ForgettingBloom",
     "MAX_GENERATIONS",
     "MAX_HASHES",
+    "OVERLOAD_MODES",
     "bloom_sizing",
 ]
 
@@ -30,6 +31,10 @@ MAX_HASHES = 64
 #: Positions are indexed by ((h1 + i*h2) mod 2**32) mod m, so m < 2**32.
 MAX_POSITIONS = 0xFFFFFFFF
 _LN2 = math.log(2.0)
+#: What a generation that reaches ``capacity`` inserts before its period ends does:
+#: ``shrink_window`` rotates early (the memory window shrinks, the fp rate holds);
+#: ``raise_fp`` keeps filling it (the window holds, the fp rate rises).
+OVERLOAD_MODES = ("shrink_window", "raise_fp")
 
 
 class BloomSizing(NamedTuple):
@@ -85,7 +90,11 @@ def bloom_sizing(capacity: int, fp_rate: float, generations: int = 2) -> BloomSi
 
 @dataclass(frozen=True)
 class BloomConfig:
-    """The full, validated configuration of a :class:`ForgettingBloom`."""
+    """The full, validated configuration of a :class:`ForgettingBloom`.
+
+    ``overload`` (one of :data:`OVERLOAD_MODES`) chooses what gives way when more
+    than ``capacity`` new keys arrive within a generation: the window
+    (``shrink_window``, the default) or the false-positive rate (``raise_fp``)."""
 
     capacity: int
     fp_rate: float
@@ -93,6 +102,7 @@ class BloomConfig:
     period_ms: int | None = None
     seed: int = 0
     hasher: str = "murmur3"
+    overload: str = "shrink_window"
 
     def __post_init__(self) -> None:
         sizing = bloom_sizing(self.capacity, self.fp_rate, self.generations)
@@ -107,6 +117,10 @@ class BloomConfig:
         object.__setattr__(self, "period_ms", period)
         object.__setattr__(self, "seed", in_range(self.seed, "seed", 0, U64_MAX))
         object.__setattr__(self, "hasher", check_hasher(self.hasher))
+        if not isinstance(self.overload, str) or self.overload not in OVERLOAD_MODES:
+            raise ConfigError(
+                f"overload must be one of {', '.join(OVERLOAD_MODES)}, got {self.overload!r}"
+            )
         object.__setattr__(self, "_sizing", sizing)
 
     @property

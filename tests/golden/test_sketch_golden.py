@@ -44,7 +44,7 @@ def _bloom() -> ForgettingBloom:
 
 @pytest.mark.parametrize(
     "name,build,cls",
-    [("countmin_v1.bin", _countmin, DecayingCountMin), ("bloom_v1.bin", _bloom, ForgettingBloom)],
+    [("countmin_v1.bin", _countmin, DecayingCountMin), ("bloom_v2.bin", _bloom, ForgettingBloom)],
 )
 def test_snapshot_is_pinned(name, build, cls) -> None:
     blob = build().to_bytes()
@@ -66,8 +66,13 @@ def test_pinned_countmin_answers() -> None:
     assert c.top() == [(b"client-42", 25), (0x0123456789ABCDEF, 9), (b"a", 8)]
 
 
-def test_pinned_bloom_answers() -> None:
-    b = ForgettingBloom.from_bytes((DATA / "bloom_v1.bin").read_bytes())
+@pytest.mark.parametrize("name", ["bloom_v1.bin", "bloom_v2.bin"])
+def test_pinned_bloom_answers(name) -> None:
+    """bloom_v1.bin: header format 1 (before generation starts were kept), still loaded."""
+    b = ForgettingBloom.from_bytes((DATA / name).read_bytes())
     assert b.rotations == 2 and b.period_index == 1 and b.hashes == 6
     assert b.contains(b"cap-3", now_ms=1_300) and b.contains(b"n-2", now_ms=1_300)
     assert b.contains(b"s-4", now_ms=1_300)
+    # the capacity rotation at 1_300 started the newest generation there (format 2);
+    # format 1 knew only the grid
+    assert b.generation_starts_ms == ([-1000, 0, 1000] if name == "bloom_v1.bin" else [0, 1000, 1300])

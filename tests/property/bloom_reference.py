@@ -2,7 +2,10 @@
 
 Each generation is a plain ``set`` of bit positions (no interleaving, no
 popcount bookkeeping); rotation replaces the oldest set; murmur3 hashes come
-from the independent ``mmh3`` package.
+from the independent ``mmh3`` package. Time rotation is due at the newest
+generation's start + period (starts on the grid, origin 0, re-phased to the
+event time by a capacity rotation); ``overload="raise_fp"`` never rotates by
+capacity.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from grudge_stream.sketches.bloom import bloom_sizing
 
 
 class BloomReference:
-    def __init__(self, capacity, fp_rate, generations=2, period_ms=None, seed=0, hasher="murmur3"):
+    def __init__(self, capacity, fp_rate, generations=2, period_ms=None, seed=0, hasher="murmur3",
+                 overload="shrink_window"):
         sz = bloom_sizing(capacity, fp_rate, generations)
         self.m, self.k, self.G = sz.positions, sz.hashes, generations
         self.capacity, self.period_ms, self.seed, self.hasher = capacity, period_ms, seed, hasher
@@ -24,7 +28,10 @@ class BloomReference:
         self.counts = [0] * generations
         self.newest = 0
         self.rotations = 0
-        self.period = None
+        self.overloads = 0
+        self.raise_fp = overload == "raise_fp"
+        self.start = None  # event-time start of the newest generation (None: no time yet)
+        self.latest = None  # the latest event time of a write
 
     def hash(self, key) -> int:
         if isinstance(key, str):
@@ -44,15 +51,23 @@ class BloomReference:
         self.newest = old
         self.rotations += 1
 
+    def due(self, now_ms) -> int:
+        """Time rotations due at now_ms."""
+        if self.period_ms is None or self.start is None or now_ms is None:
+            return 0
+        if self.start + self.period_ms > 2**63 - 1:
+            return 0  # the next rotation lies beyond the int64 range
+        return max(0, (now_ms - self.start) // self.period_ms)
+
     def advance(self, now_ms):
         if self.period_ms is None:
             return
-        p = now_ms // self.period_ms
-        if self.period is None:
-            self.period = p
+        self.latest = now_ms if self.latest is None else max(self.latest, now_ms)
+        if self.start is None:
+            self.start = max(now_ms // self.period_ms * self.period_ms, -(2**63))
             return
-        if p > self.period:
-            r = p - self.period
+        r = self.due(now_ms)
+        if r:
             if r >= self.G:
                 self.gens = [set() for _ in range(self.G)]
                 self.counts = [0] * self.G
@@ -61,12 +76,10 @@ class BloomReference:
             else:
                 for _ in range(r):
                     self.rotate()
-            self.period = p
+            self.start += r * self.period_ms
 
     def live(self, now_ms=None) -> list[int]:
-        pending = 0
-        if self.period_ms is not None and self.period is not None and now_ms is not None:
-            pending = max(0, now_ms // self.period_ms - self.period)
+        pending = self.due(now_ms)
         n = max(0, self.G - pending)
         return [(self.newest - i) % self.G for i in range(n)]
 
@@ -82,7 +95,13 @@ class BloomReference:
         if new:
             self.counts[self.newest] += 1
             if self.counts[self.newest] >= self.capacity:
-                self.rotate()
+                if self.raise_fp:
+                    self.overloads += self.counts[self.newest] > self.capacity
+                else:
+                    self.rotate()
+                    self.overloads += 1
+                    if self.start is not None:
+                        self.start = self.latest  # a late event does not move time back
 
     def add(self, key, now_ms=None):
         self.advance(now_ms)

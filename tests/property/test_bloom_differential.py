@@ -22,6 +22,7 @@ configs = st.fixed_dictionaries(
         "period_ms": st.sampled_from([None, 1, 7, 1000]),
         "seed": st.integers(0, 2**64 - 1),
         "hasher": st.sampled_from(["murmur3", "siphash"]),
+        "overload": st.sampled_from(["shrink_window", "raise_fp"]),
     }
 )
 
@@ -62,6 +63,7 @@ def test_matches_reference(cfg, seq, start):
                 bf.fp_rate_estimate(), ref.fp_rate_estimate(), rel_tol=1e-9, abs_tol=1e-15
             )
         assert bf.rotations == ref.rotations
+        assert bf.overloads == ref.overloads
         assert bf.generation_counts() == [
             ref.counts[(ref.newest - i) % ref.G] for i in range(ref.G)
         ]

@@ -321,3 +321,46 @@ def test_column_batch_path_equals_the_record_path(seed: int) -> None:
     assert out == ref
     assert fast.snapshot() == slow.snapshot()
     assert any(o.role == "alerts" for o in ref) and any(o.role == "dead_letters" for o in ref)
+
+
+@pytest.mark.parametrize("overload", ["shrink_window", "raise_fp"])
+def test_dedup_operator_window_holds_at_capacity_and_overload_goes_the_chosen_way(overload: str) -> None:
+    """New ids at `load` x capacity per period, each re-sent once at a random delay inside
+    the window (one period, two generations): at capacity no id is forwarded twice in
+    either mode; at 3x shrink_window forwards some re-sends and raise_fp none."""
+    def run(load: float) -> tuple[DedupOperator, int, float]:
+        rnd = random.Random(7)
+        cap, period = 300, 10_000
+        n = int(4 * load * cap)
+        events = []
+        for i in range(n):
+            t = 1_000 + int(i * period / (load * cap))
+            events += [(t, 0, i), (t + rnd.randrange(period), 1, i)]
+        events.sort()
+        op = DedupOperator(operator_id="dd", source_topic=TOPIC, partition=0,
+                           bloom={"capacity": cap, "fp_rate": 1e-4, "period_ms": period, "seed": 5,
+                                  "overload": overload})
+        recs = [SourceRecord(TOPIC, 0, off, t, b"id-%d" % i, b"x") for off, (t, _, i) in enumerate(events)]
+        half = len(recs) // 2
+        out = op.process(recs[:half])
+        fp_midway = op.bloom.fp_rate_estimate()
+        fwd = [o.key for o in out + op.process(recs[half:]) if o.role == "forward"]
+        return op, len(fwd) - len(set(fwd)), fp_midway
+
+    op, twice, _ = run(1.0)
+    assert twice == 0
+    assert op.bloom.overload == overload and op.bloom.effective_window_ms == 10_000
+    op, twice, fp_midway = run(3.0)
+    if overload == "shrink_window":
+        assert twice > 0 and op.bloom.overloads > 0 and fp_midway <= 1.05e-4
+    else:
+        assert twice == 0 and op.bloom.overloads > 0 and fp_midway > 1e-3
+    clone = DedupOperator(operator_id="dd", source_topic=TOPIC, partition=0,
+                          bloom={"capacity": 300, "fp_rate": 1e-4, "period_ms": 10_000, "seed": 5,
+                                 "overload": overload})
+    clone.restore(op.snapshot())
+    assert clone.snapshot() == op.snapshot() and clone.bloom.overloads == op.bloom.overloads
+    # the default overload leaves the state fingerprint as it was before the setting existed
+    plain = DedupOperator(operator_id="dd", source_topic=TOPIC, partition=0,
+                          bloom={"capacity": 300, "fp_rate": 1e-4, "period_ms": 10_000, "seed": 5})
+    assert (plain.fingerprint == clone.fingerprint) == (overload == "shrink_window")
