@@ -908,6 +908,196 @@ cdef class ScoreSketch:
         return sk
 
 
+# ---- split-sign scores ----------------------------------------------------------------
+
+cdef inline double _clamp2(double s, double lo, double hi) noexcept nogil:
+    return lo if s < lo else (hi if s > hi else s)
+
+
+cdef inline void _split_index(const Core* c, gs_cell* tp, gs_cell* tn, uint64_t h,
+                              uint32_t* idx) noexcept nogil:
+    """k_index for a split pair: one set of indexes, both tables' cells prefetched."""
+    cdef uint32_t i
+    for i in range(c.L):
+        idx[i] = gh_km_index(h, i, c.M)
+        gs_prefetch(tp + <size_t>i * c.M + idx[i])
+        gs_prefetch(tn + <size_t>i * c.M + idx[i])
+
+
+cdef inline double _split_event(const Core* c, gs_cell* tp, gs_cell* tn, const uint32_t* idx,
+                                int64_t now, double d, double lo, double hi,
+                                DCache* dp, DCache* dn) noexcept nogil:
+    """One signed event on a split pair; the score after it. Each cell is decayed once and
+    written once."""
+    cdef uint32_t i, L = c.L, M = c.M
+    cdef gs_cell* cp
+    cdef gs_cell* cn
+    cdef double sp[MAXL]
+    cdef double sf[MAXL]
+    cdef double p = 0.0, f = 0.0, s, inc, addp = 0.0, addf = 0.0, v, w
+    for i in range(L):
+        cp = tp + <size_t>i * M + idx[i]
+        cn = tn + <size_t>i * M + idx[i]
+        sp[i] = cell_decayed(c, cp.score, cp.last_ms, now, dp)
+        sf[i] = cell_decayed(c, cn.score, cn.last_ms, now, dn)
+        p = sp[i] if (i == 0 or sp[i] < p) else p
+        f = sf[i] if (i == 0 or sf[i] < f) else f
+    s = _clamp2(p - f, lo, hi)
+    # Only what the clamped score can still take: no punishment above hi, no
+    # forgiveness banked below lo (the exact clamped model discards both).
+    if d > 0.0:
+        inc = hi - s
+        addp = d if d < inc else inc
+        if addp < 0.0:
+            addp = 0.0
+    elif d < 0.0:
+        inc = s - lo
+        addf = -d if -d < inc else inc
+        if addf < 0.0:
+            addf = 0.0
+    for i in range(L):
+        cp = tp + <size_t>i * M + idx[i]
+        cn = tn + <size_t>i * M + idx[i]
+        # Conservative update: a cell is raised only to the key's estimate plus the amount,
+        # never by the amount on top of what colliding keys put there. Every cell stays at
+        # or above the sum of each of its keys' own amounts (decay scales all alike), so the
+        # halves keep their one-sided error with far less collision mass in them.
+        v = sp[i]
+        if addp > 0.0 and p + addp > v:
+            v = clampc(c, p + addp)
+        w = sf[i]
+        if addf > 0.0 and f + addf > w:
+            w = clampc(c, f + addf)
+        cp.score = v
+        cn.score = w
+        if now > cp.last_ms:
+            cp.last_ms = now
+        if now > cn.last_ms:
+            cn.last_ms = now
+    # Every cell is now at least the old minimum plus the amount, and the minimum cell
+    # is exactly that: the new estimates are known without a third pass.
+    return _clamp2((p + addp) - (f + addf), lo, hi)
+
+
+cdef void _split_run(ScoreSketch pos, ScoreSketch neg, const uint64_t* hs, Py_ssize_t n,
+                     const double* dv, Py_ssize_t ds, const int64_t* tv, Py_ssize_t ts,
+                     double lo, double hi, double* out) noexcept nogil:
+    cdef uint32_t ring[PF][MAXL]
+    cdef Py_ssize_t i, j, start = 0, end
+    cdef DCache dp, dn
+    cdef double r
+    cdef int64_t now
+    cdef const Core* c = &pos._core
+    cdef gs_cell* tp = pos._table
+    cdef gs_cell* tn = neg._table
+    dp.dt = 0
+    dp.f = 1.0
+    dn.dt = 0
+    dn.f = 1.0
+    while start < n:
+        end = start + CHUNK if start + CHUNK < n else n
+        for j in range(start, start + PF if start + PF < end else end):
+            _split_index(c, tp, tn, hs[j], &ring[j & (PF - 1)][0])
+        gs_lock_acquire_nogil(&pos._lock)
+        gs_lock_acquire_nogil(&neg._lock)
+        for i in range(start, end):
+            now = tv[i * ts]
+            r = _split_event(c, tp, tn, &ring[i & (PF - 1)][0], now, dv[i * ds], lo, hi, &dp, &dn)
+            if i + PF < end:
+                _split_index(c, tp, tn, hs[i + PF], &ring[(i + PF) & (PF - 1)][0])
+            if now > pos._watermark:
+                pos._watermark = now
+            if now > neg._watermark:
+                neg._watermark = now
+            if out != NULL:
+                out[i] = r
+        gs_lock_release(&neg._lock)
+        gs_lock_release(&pos._lock)
+        gs_lock_courtesy(&pos._lock)
+        start = end
+
+
+def split_apply(ScoreSketch pos not None, ScoreSketch neg not None, keys, deltas, now_ms,
+                double lo, double hi, bint want_scores=True):
+    """Signed deltas on a split-sign pair: ``pos`` keeps punishment, ``neg`` forgiveness.
+
+    Per event, in order: the key's score is ``clamp(pos - neg, lo, hi)`` (both read at
+    ``now_ms``); a positive delta adds ``min(delta, hi - score)`` to ``pos``, a negative one
+    ``min(-delta, score - lo)`` to ``neg``; returns the scores after each event (float64),
+    or None with ``want_scores=False``. ``keys``: keys or ``pos.key_hashes``. Both sketches
+    must share levels, cells per level, decay and seed (``SplitScoreSketch`` builds them so).
+    """
+    cdef const uint64_t[::1] hv
+    cdef const double[::1] dv
+    cdef const int64_t[::1] tv
+    cdef Py_ssize_t n, ds, ts
+    cdef cnp.ndarray res = None
+    cdef double* outp = NULL
+    if pos is neg:
+        raise ValueError("split_apply needs two distinct sketches")
+    if (pos._core.L != neg._core.L or pos._core.M != neg._core.M or pos._core.decay != neg._core.decay
+            or pos._core.param != neg._core.param):
+        raise ConfigError("the punishment and forgiveness sketches must have the same shape and decay")
+    if not lo < hi:
+        raise ConfigError(f"split scores need lo < hi, got [{lo!r}, {hi!r}]")
+    hashes = _hashes_of(&pos._hasher, keys)
+    n = hashes.shape[0]
+    darr, ds = _f64_arg(deltas, n, "deltas")
+    if now_ms is None:
+        now_ms = pos._now(None)
+    tarr, ts = _time_arr(now_ms, n)
+    if want_scores:
+        res = np.empty(n, dtype=np.float64)
+        outp = <double*>cnp.PyArray_DATA(res)
+    if n == 0:
+        return res
+    hv = hashes
+    dv = darr
+    tv = tarr
+    with nogil:
+        _split_run(pos, neg, &hv[0], n, &dv[0], ds, &tv[0], ts, lo, hi, outp)
+    return res
+
+
+def _exact_reference(key_ids, deltas, now_ms, Py_ssize_t n_keys, double lambda_per_s,
+                     double lo, double hi):
+    """The exact per-key model the sketches estimate (tests and benchmarks): one float64
+    score per key id (0..n_keys-1), decayed exponentially to each event's time, the delta
+    added and clamped to [lo, hi]; returns the score after each event (float64)."""
+    cdef const int64_t[::1] ids = np.ascontiguousarray(key_ids, dtype=np.int64)
+    cdef const double[::1] dv = np.ascontiguousarray(deltas, dtype=np.float64)
+    cdef const int64_t[::1] tv = np.ascontiguousarray(now_ms, dtype=np.int64)
+    cdef Py_ssize_t n = ids.shape[0], i, bad = -1
+    if dv.shape[0] != n or tv.shape[0] != n:
+        raise InvalidInputError("key_ids, deltas and now_ms must have one length")
+    score_arr = np.zeros(n_keys, dtype=np.float64)
+    last_arr = np.zeros(n_keys, dtype=np.int64)
+    out_arr = np.empty(n, dtype=np.float64)
+    cdef double[::1] sc = score_arr
+    cdef int64_t[::1] last = last_arr
+    cdef double[::1] out = out_arr
+    cdef double lam = lambda_per_s / 1000.0, s
+    cdef int64_t k, t
+    with nogil:
+        for i in range(n):
+            k = ids[i]
+            if k < 0 or k >= n_keys:
+                bad = i
+                break
+            t = tv[i]
+            s = sc[k]
+            if s != 0.0 and t > last[k]:
+                s = s * exp(-lam * <double>(t - last[k]))
+            if t > last[k]:
+                last[k] = t
+            s = _clamp2(s + dv[i], lo, hi)
+            sc[k] = s
+            out[i] = s
+    if bad >= 0:
+        raise InvalidInputError(f"key ids must be in [0, n_keys); element {bad} is {ids[bad]}")
+    return out_arr
+
+
 # ---- Rotator ------------------------------------------------------------------------
 
 cdef inline uint64_t generation_seed(uint64_t seed, uint64_t number) noexcept nogil:

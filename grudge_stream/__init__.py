@@ -20,6 +20,7 @@ from grudge_stream.sketches.score import (
     ScoreSketch,
     suggest_levels,
 )
+from grudge_stream.sketches.split import SplitScoreSketch
 
 __version__ = "0.1.0"
 
@@ -39,6 +40,7 @@ __all__ = [
     "Rotator",
     "ScoreSketch",
     "SnapshotError",
+    "SplitScoreSketch",
     "SystemClock",
     "suggest_levels",
     "__version__",

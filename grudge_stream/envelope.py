@@ -36,6 +36,7 @@ KIND_SCORE_SKETCH = 1
 KIND_ROTATOR = 2
 KIND_COUNT_MIN = 3
 KIND_FORGETTING_BLOOM = 4
+KIND_SPLIT_SCORE = 5
 KIND_OPERATOR = 16
 
 KIND_NAMES = {
@@ -43,6 +44,7 @@ KIND_NAMES = {
     KIND_ROTATOR: "Rotator",
     KIND_COUNT_MIN: "DecayingCountMin",
     KIND_FORGETTING_BLOOM: "ForgettingBloom",
+    KIND_SPLIT_SCORE: "SplitScoreSketch",
     KIND_OPERATOR: "operator state",
 }
 

@@ -56,6 +56,12 @@ class Metrics:
                                   "Records of a source partition not processed yet (log end - next offset)", lbl,
                                   registry=r)
         self.watermark_lag = Gauge("grudge_watermark_lag_seconds", "Wall clock minus the watermark", lbl, registry=r)
+        self.saturation = Gauge("grudge_sketch_saturation",
+                                "How full a partition's sketch is, and the error that implies "
+                                "(docs/accuracy.md)", lbl + ["sketch", "measure"], registry=r)
+        self.saturation_warnings = Counter("grudge_sketch_saturation_warnings_total",
+                                           "Checks that found a sketch past its accuracy target",
+                                           lbl + ["sketch"], registry=r)
         self.sketch_memory = Gauge("grudge_sketch_memory_bytes", "Fixed memory of a partition's sketches", lbl, registry=r)
         self.assigned = Gauge("grudge_assigned_partitions", "Source partitions assigned to this worker", registry=r)
         self.restored = Gauge("grudge_restored_partitions", "Assigned partitions whose state is restored", registry=r)

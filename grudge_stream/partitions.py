@@ -39,6 +39,12 @@ from grudge_stream.topology import Topology
 log = logging.getLogger("grudge_stream.partitions")
 
 
+# Sketch fill is read (cells copied) at most this often per partition, and a sketch past
+# its target is logged at most once per SATURATION_LOG_S.
+SATURATION_INTERVAL_S = 10.0
+SATURATION_LOG_S = 300.0
+
+
 @dataclass
 class RestoreOutcome:
     operator: Operator
@@ -135,6 +141,8 @@ class PartitionSlot:
         self._labels = (self.operator.operator_id, str(partition))
         self._seen = dict(self.operator.counters)
         self._children: dict = {}
+        self._next_saturation = 0.0
+        self._saturation_logged: dict[str, float] = {}
 
     @property
     def dirty(self) -> bool:
@@ -174,10 +182,36 @@ class PartitionSlot:
             if d:
                 self._child(m.alerts, state).inc(d)
         self._seen = dict(c)
+        now = time.monotonic()
+        if now >= self._next_saturation:
+            self._next_saturation = now + SATURATION_INTERVAL_S
+            self._report_saturation()
         wm = self.operator.watermark
         if wm is not None:
             self._child(m.watermark).set(wm / 1000.0)
             self._child(m.watermark_lag).set(time.time() - wm / 1000.0)
+
+    def _report_saturation(self) -> None:
+        try:
+            reports = self.operator.saturation()
+        except Exception:  # noqa: BLE001 - a read-out must never stop processing
+            log.exception("saturation read-out of %s[%d] failed", self.topology.source_topic, self.partition)
+            return
+        for rep in reports:
+            for measure, value in rep.measures.items():
+                self._child(self.metrics.saturation, rep.sketch, measure).set(value)
+            if rep.warning:
+                self._child(self.metrics.saturation_warnings, rep.sketch).inc()
+                if self._may_log(rep.sketch):
+                    log.warning("%s %s[%d]: %s", self.operator.operator_id, self.topology.source_topic,
+                                self.partition, rep.warning)
+
+    def _may_log(self, sketch: str) -> bool:
+        now = time.monotonic()
+        if now - self._saturation_logged.get(sketch, -SATURATION_LOG_S) < SATURATION_LOG_S:
+            return False
+        self._saturation_logged[sketch] = now
+        return True
 
     def set_log_end(self, high: int) -> None:
         """Record the partition's log end (high watermark): the consumer-lag gauge."""

@@ -7,7 +7,9 @@ Events (JSON, keyed by the client id)::
 
 ``bad`` raises the client's score by 0.04, ``good`` forgives 0.001; scores
 decay exponentially (half-life about 69 s at the default 0.01/s) and are
-clamped to [0, 1]. A client is raised at 0.5 and cleared at 0.25. Keys come
+clamped to [0, 1]. A client is raised at 0.5 and cleared at 0.25. Punishment
+and forgiveness live in two sketches (``score_mode=split``), so other clients'
+``good`` outcomes on shared cells cannot hide an abuser. Keys come
 from the public, so the sketch hashes with SipHash under a secret key
 (``GRUDGE_SEED``, docs/security.md).
 
@@ -17,7 +19,7 @@ below, plus the settings every topology takes, docs/runtime.md).
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
-from grudge_stream.operators.scores import EMIT_MODES, FeedbackScoreOperator
+from grudge_stream.operators.scores import EMIT_MODES, SCORE_MODES, FeedbackScoreOperator
 from grudge_stream.settings import Setting, identity, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
@@ -29,6 +31,9 @@ SETTINGS = [
     S("scores_topic", "str", "abuse-scores", "scores (on crossings or every event)"),
     S("levels", "int", 4, "sketch levels (cells per key)", min=1, max=16, state=True),
     S("cells_per_level", "int", 100_000, "sketch cells per level", min=1, state=True),
+    S("score_mode", "choice", "split", "split: punishment and forgiveness in two sketches, so colliding "
+      "keys' good outcomes cannot hide an abuser (2x memory); single: one signed sketch (as in "
+      "earlier releases; half the memory)", choices=SCORE_MODES, state=True),
     S("decay_per_s", "float", 0.01, "exponential decay rate (half-life ln2/rate)", "1/s", min=0,
       min_inclusive=False, state=True),
     S("bad_delta", "float", 0.04, "score added by a 'bad' outcome", min=0, min_inclusive=False),
@@ -71,7 +76,7 @@ def build(settings: Settings) -> Topology:
     operator_id = g("operator_id", "abuse-scores")
     policy = dict(raise_at=g("raise_at", 0.5), clear_at=g("clear_at", 0.25),
                   latch_capacity=g("latch_capacity", 100_000), emit_scores=g("emit_scores", "crossings"),
-                  sweep_interval_ms=g("sweep_interval_ms", 10_000))
+                  sweep_interval_ms=g("sweep_interval_ms", 10_000), score_mode=g("score_mode", "split"))
 
     def make_operator(partition: int) -> FeedbackScoreOperator:
         return FeedbackScoreOperator(operator_id=operator_id, source_topic=source, partition=partition,

@@ -21,6 +21,10 @@ class QueryDetail(NamedTuple):
     cell_indexes: Tuple[int, ...]
 
 def decay_apply(code: int, param: float, score: float, dt_ms: int) -> float: ...
+def split_apply(pos: "ScoreSketch", neg: "ScoreSketch", keys: Keys, deltas: Scalars, now_ms: Times,
+                lo: float, hi: float, want_scores: bool = ...) -> Optional[npt.NDArray[np.float64]]: ...
+def _exact_reference(key_ids: Any, deltas: Any, now_ms: Any, n_keys: int, lambda_per_s: float,
+                     lo: float, hi: float) -> npt.NDArray[np.float64]: ...
 
 class ScoreSketch:
     def __init__(

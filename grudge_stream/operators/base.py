@@ -310,6 +310,12 @@ class Operator(abc.ABC):
         return self.process([SourceRecord(topic, partition, o, t, k, v)
                              for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
 
+    def saturation(self) -> list:
+        """How full each sketch is at the watermark, with a warning when one passed its
+        target (``grudge_stream.operators.saturation``, docs/accuracy.md). Copies cells:
+        runtimes call it every few seconds, not per batch."""
+        return []
+
     def validate_event(self, ev: Event) -> None:
         """Operator-specific checks beyond the codec's; raise BadRecord to dead-letter."""
 

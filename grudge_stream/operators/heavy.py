@@ -17,6 +17,7 @@ from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import AlertLatch, key_fields
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.saturation import countmin_saturation
 from grudge_stream.operators.stateful import SketchAlertOperator
 
 
@@ -78,11 +79,14 @@ class HeavyHitterOperator(SketchAlertOperator):
             self._alert(key, "cleared", est, now_ms, rec, out)
         if self.top_k:
             top = [{**key_fields(k if isinstance(k, bytes) else str(k).encode()), "estimate": int(e)}
-                   for k, e in sketch.top(self.top_k)]
+                   for k, e in sketch.top(self.top_k, now_ms=now_ms)]
             body = {"operator": self.operator_id, "partition": self.partition, "event_time_ms": now_ms,
                     "top": top}
             self.counters["reports"] += 1
             out.append(OutputRecord("reports", None, json.dumps(body, separators=(",", ":")).encode()))
+
+    def saturation(self) -> list:
+        return countmin_saturation(self.sketch, raise_at=self.latch.raise_at)
 
     def state_scalars(self) -> dict:
         return {**super().state_scalars(), "next_report": self._next_report}

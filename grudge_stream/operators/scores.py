@@ -10,6 +10,11 @@ with exponential decay their delta is first weighted by
 ``exp(-lambda * lateness)``, which makes the result independent of arrival
 order up to float rounding.
 
+With ``score_mode="split"`` (the default of the ``abuse_scores`` topology) the
+sketch is a ``SplitScoreSketch``: punishment and forgiveness are kept in two
+sketches fed only non-negative amounts, so colliding keys' ``good`` outcomes
+cannot pull an abuser's score down (docs/score-sketch.md, "Split-sign scores").
+
 Raised keys that stop sending events are cleared by a sweep that re-reads
 them whenever the watermark crosses a multiple of ``sweep_interval_ms``.
 """
@@ -32,10 +37,12 @@ from grudge_stream.operators.codec import (
     EventCodec,
 )
 from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.saturation import score_saturation
 from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms
 from grudge_stream.operators.stateful import SketchAlertOperator
 
 EMIT_MODES = ("none", "crossings", "every")
+SCORE_MODES = ("single", "split")
 
 
 class FeedbackScoreOperator(SketchAlertOperator):
@@ -45,7 +52,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
                  latch_capacity: int = 100_000, sweep_interval_ms: int = 10_000,
-                 emit_scores: str = "crossings", **common: Any) -> None:
+                 emit_scores: str = "crossings", score_mode: str = "single", **common: Any) -> None:
         codec = codec or EventCodec(outcomes={"bad": 0.04, "good": -0.001}, value_field="outcome")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
                          codec=codec, **common)
@@ -53,8 +60,14 @@ class FeedbackScoreOperator(SketchAlertOperator):
             raise ConfigError(f"emit_scores must be one of {EMIT_MODES}, not {emit_scores!r}")
         if sweep_interval_ms < 1:
             raise ConfigError("sweep_interval_ms must be >= 1")
+        if score_mode not in SCORE_MODES:
+            raise ConfigError(f"score_mode must be one of {SCORE_MODES}, not {score_mode!r}")
+        self.score_mode = score_mode
+        if score_mode == "split":
+            # The mode shapes the state; "single" stays out of it so its snapshots keep restoring.
+            self.state_keys = ("sketch", "score_mode")
         self.sketch_config = dict(sketch)
-        self.sketch = self._keyed(build_score_sketch(self.sketch_config))
+        self.sketch = self._keyed(build_score_sketch(self.sketch_config, split=score_mode == "split"))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.sweep_interval_ms = int(sweep_interval_ms)
         self.emit_scores = emit_scores
@@ -79,6 +92,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
             "latch_capacity": self.latch.capacity,
             "sweep_interval_ms": self.sweep_interval_ms,
             "emit_scores": self.emit_scores,
+            **({"score_mode": self.score_mode} if self.score_mode != "single" else {}),
         }
 
     def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
@@ -212,6 +226,10 @@ class FeedbackScoreOperator(SketchAlertOperator):
         sketch = self.sketch
         for key, score in self.latch.sweep(lambda k: sketch.query(k, now_ms=now_ms)):
             self._alert(key, "cleared", score, now_ms, rec, out)
+
+    def saturation(self) -> list:
+        return score_saturation(self.sketch, self.watermark, raise_at=self.latch.raise_at,
+                                lam_per_ms=self._lam_per_ms)
 
     # -- state ----------------------------------------------------------------------------------
 

@@ -35,11 +35,13 @@ def score_sketch_kwargs(conf: dict) -> dict:
     return kwargs
 
 
-def build_score_sketch(conf: dict) -> Any:
+def build_score_sketch(conf: dict, *, split: bool = False) -> Any:
+    """A ScoreSketch, or with ``split`` a SplitScoreSketch (punishment and forgiveness kept apart)."""
     from grudge_stream import ScoreSketch
+    from grudge_stream.sketches.split import SplitScoreSketch
 
     try:
-        return ScoreSketch(**score_sketch_kwargs(conf))
+        return (SplitScoreSketch if split else ScoreSketch)(**score_sketch_kwargs(conf))
     except TypeError as exc:
         raise ConfigError(f"bad ScoreSketch config {conf!r}: {exc}") from None
 

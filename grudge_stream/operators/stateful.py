@@ -58,6 +58,11 @@ class BloomOperator(Operator):
     def time_scale_ms(self) -> float | None:
         return self.bloom_config.get("period_ms")
 
+    def saturation(self) -> list:
+        from grudge_stream.operators.saturation import bloom_saturation
+
+        return bloom_saturation(self.bloom, self.watermark)
+
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("bloom", self.bloom.to_bytes())]
 

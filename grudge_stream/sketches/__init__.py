@@ -15,6 +15,7 @@ from grudge_stream.sketches.score import (
     ScoreSketchConfig,
     suggest_levels,
 )
+from grudge_stream.sketches.split import SplitScoreSketch
 
 __all__ = [
     "DecayingCountMin",
@@ -27,5 +28,6 @@ __all__ = [
     "RotatorConfig",
     "ScoreSketch",
     "ScoreSketchConfig",
+    "SplitScoreSketch",
     "suggest_levels",
 ]

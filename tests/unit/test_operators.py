@@ -293,8 +293,9 @@ def test_known_key_operator_checks_unknown_keys_and_caches_only_accepted_ones() 
     assert [(o.role, o.key) for o in out] == [("checks", b"a")]
 
 
+@pytest.mark.parametrize("mode", ["single", "split"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_column_batch_path_equals_the_record_path(seed: int) -> None:
+def test_column_batch_path_equals_the_record_path(seed: int, mode: str) -> None:
     rnd = random.Random(seed)
     recs = stream(n=4000, seed=seed, jitter_ms=2500)
     # Bad records of every kind the batch path handles itself.
@@ -308,7 +309,8 @@ def test_column_batch_path_equals_the_record_path(seed: int) -> None:
     mixed = [SourceRecord(TOPIC, 0, i, r.timestamp_ms, r.key, r.value) for i, r in enumerate(mixed)]
     codec = EventCodec(value_field="outcome", outcomes={"bad": 0.1, "good": -0.01}, allow_numbers=False,
                        max_key_bytes=1000)
-    slow, fast = score_op(codec=codec, latch_capacity=2), score_op(codec=codec, latch_capacity=2)
+    slow = score_op(codec=codec, latch_capacity=2, score_mode=mode)
+    fast = score_op(codec=codec, latch_capacity=2, score_mode=mode)
     ref = slow.process(mixed)
     out = []
     pos = 0
