@@ -101,6 +101,7 @@ def _events_total(port: int) -> float:
 
 
 CHECKPOINT_INTERVAL = "5"
+THIS_SETS: dict[str, str] = {}  # --set: settings for this installation's workers only
 
 
 # A fixed benchmark key (not a secret); releases before the 128-bit key took a decimal seed.
@@ -117,7 +118,8 @@ def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir:
     sets = {"source_topic": topic, "app_name": f"bench-{run}", "operator_id": f"bench-{run}",
             "alerts_topic": f"bench-{run}-alerts", "scores_topic": f"bench-{run}-scores",
             "dead_letter_topic": f"bench-{run}-dlq", "snapshot_topic": f"bench-{run}-snap",
-            "checkpoint_interval_s": CHECKPOINT_INTERVAL, "seed": "42" if baseline else BENCH_KEY, **extra}
+            "checkpoint_interval_s": CHECKPOINT_INTERVAL, "seed": "42" if baseline else BENCH_KEY, **extra,
+            **({} if baseline else THIS_SETS)}
     cmd = [exe, "worker", "abuse_scores", "--bootstrap-servers", bs, "--web-port", str(port),
            "--runtime", runtime, "--loglevel", "warning"]
     for k, v in sets.items():
@@ -169,10 +171,16 @@ def main() -> None:
     ap.add_argument("--baseline-exe", default=None,
                     help="grudge-stream script of another installation: adds batch@base and faust-lean@base")
     ap.add_argument("--no-replay", action="store_true", help="skip the replay measurement")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting for this installation's workers only (e.g. score_mode=single to "
+                         "compare with a release that had one signed sketch)")
     ap.add_argument("--no-agent", action="store_true", help="with --faust, skip the drain=agent worker")
     args = ap.parse_args()
     global CHECKPOINT_INTERVAL
     CHECKPOINT_INTERVAL = str(args.checkpoint_interval)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        THIS_SETS[name] = value
     bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bs:
         sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_stream.devkafka start)")

@@ -69,6 +69,18 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
+# Collector thresholds for both runtimes' workers. Records are allocated by the thousand
+# per batch, and with the default (700, 10, 10) a young collection runs every 700 of them,
+# rescanning the ones still alive (aiokafka keeps many fetched records alive): measured, a
+# fifth to a third of a Faust worker's samples in the collector, and about 15% less CPU per
+# event with these. Cyclic garbage is rare on these paths, so collecting it later costs little.
+WORKER_GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def _tune_gc() -> None:
+    gc.set_threshold(*WORKER_GC_THRESHOLDS)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from grudge_stream.topics import check_group_runtime, ensure_topology_topics
 
@@ -92,6 +104,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         logging.getLogger().setLevel(args.loglevel.upper())
         _freeze_heap()
+        _tune_gc()
         return run_batch_worker(topology, settings)
     if runtime != "faust":
         raise SystemExit(f"--runtime must be faust or batch, not {runtime!r}")
@@ -108,6 +121,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     app = build_app(topology, settings)
     worker = Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
+    _tune_gc()
     worker.execute_from_commandline()
     return 0
 
