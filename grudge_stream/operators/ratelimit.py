@@ -67,6 +67,12 @@ class RateLimitOperator(Operator):
                 "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
         out.append(OutputRecord("decisions", ev.key, json.dumps(body, separators=(",", ":")).encode()))
 
+    def saturation(self) -> list:
+        from grudge_stream.operators.saturation import bucket_saturation
+
+        return bucket_saturation(self.bucket.sketch, self.watermark, rate_per_s=self.params["rate_per_s"],
+                                 burst=self.params["burst"])
+
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("sketch", self.bucket.sketch.to_bytes())]
 

@@ -80,6 +80,30 @@ def score_saturation(sketch: Any, now_ms: int | None, *, raise_at: float, lam_pe
     return [Saturation(name, measures, warning)]
 
 
+def bucket_saturation(sketch: Any, now_ms: int | None, *, rate_per_s: float, burst: float,
+                      name: str = "buckets") -> list[Saturation]:
+    """A token-bucket ScoreSketch (debt per cell, linear refill): cells in debt and the
+    chance that a key with no requests of its own is refused a request of cost 1."""
+    cells = sketch._cells()
+    debt = np.asarray(cells["score"], dtype=np.float64)
+    if now_ms is not None and rate_per_s > 0:
+        last = cells["last_ms"]
+        dt = np.maximum(0, now_ms - last).astype(np.float64)
+        dt[last == np.iinfo(np.int64).min] = 0.0
+        debt = np.maximum(0.0, debt - rate_per_s * dt / 1000.0)
+    levels, m = debt.shape
+    full = (debt > burst - 1.0).mean(axis=1)
+    p_false = float(np.prod(full))
+    measures = {"cells_in_use_ratio": float((debt > 0.0).mean()), "full_cells_ratio": float(full.mean()),
+                "false_limit_probability": p_false}
+    warning = None
+    if p_false > FALSE_RAISE_TARGET:
+        warning = (f"token-bucket sketch saturated: {100 * full.mean():.2f}% of cells hold a full bucket's "
+                   f"debt, so a key with no requests of its own is refused with probability {p_false:.1e} "
+                   f"(target {FALSE_RAISE_TARGET:.0e}); raise cells_per_level or levels (docs/accuracy.md)")
+    return [Saturation(name, measures, warning)]
+
+
 def countmin_saturation(sketch: Any, *, raise_at: float, name: str = "counts") -> list[Saturation]:
     """A DecayingCountMin: the decayed stream weight N and the error bound epsilon * N."""
     if sketch.epoch is None:

@@ -114,3 +114,21 @@ def test_bloom_reports_fill_window_and_warns_when_over_capacity(overload: str, w
     else:
         assert b.measures["effective_window_seconds"] < b.measures["documented_window_seconds"]
         assert b.measures["overloads"] > 0
+
+
+def test_token_buckets_report_full_cells() -> None:
+    from grudge_stream.operators.ratelimit import RateLimitOperator
+
+    def limiter(cells: int) -> RateLimitOperator:
+        return RateLimitOperator(operator_id="r", source_topic="t", partition=0, rate_per_s=1.0, burst=5.0,
+                                 levels=2, cells_per_level=cells, seed=3)
+
+    recs = [SourceRecord("t", 0, i, T0 + i, b"k%d" % (i % 40), b'{"cost": 1}') for i in range(400)]
+    roomy, tight = limiter(100_000), limiter(50)
+    roomy.process(recs)
+    tight.process(recs)
+    (r,) = roomy.saturation()
+    (t,) = tight.saturation()
+    assert r.warning is None and r.measures["false_limit_probability"] < FALSE_RAISE_TARGET
+    assert r.measures["cells_in_use_ratio"] == pytest.approx(80 / 200_000)
+    assert t.warning is not None and t.measures["full_cells_ratio"] > 0.3
