@@ -215,13 +215,15 @@ def plot(rows: list[dict], drows: list[dict], outdir: str, sweep: list[dict]) ->
         fig.savefig(f"{outdir}/accuracy-cells.png", dpi=110)
         plt.close(fig)
     if drows:
-        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        fig, ax = plt.subplots(1, 3, figsize=(15, 4))
         for mode in sorted({x["overload"] for x in drows}):
             sel = [x for x in drows if x["overload"] == mode]
             ax[0].plot([x["load_x"] for x in sel], [100 * x["duplicates_forwarded_share"] for x in sel], "o-", label=mode)
             ax[1].plot([x["load_x"] for x in sel], [100 * x["false_drop_rate"] for x in sel], "o-", label=mode)
+            ax[2].plot([x["load_x"] for x in sel], [x["effective_window_s"] for x in sel], "o-", label=mode)
         ax[0].set_title("re-sent duplicates forwarded (%)")
         ax[1].set_title("false drops (%) (target 0.1%)")
+        ax[2].set_title("effective window at the end (s; promised 60)")
         for a in ax:
             a.set_xlabel("load (new keys per period / capacity)")
             a.grid(alpha=0.3)
@@ -246,7 +248,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1e5 and 1e6 keys, 120 s, capacity 20k")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--plot", default=None, help="write accuracy-*.png into this directory (needs matplotlib)")
+    ap.add_argument("--replot", default=None, metavar="JSON",
+                    help="only draw the pictures (into --plot) from the rows of an earlier --json")
     args = ap.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            saved = json.load(f)
+        plot(saved["scores"], saved["dedup"], args.plot or ".", saved.get("cells_sweep", []))
+        return 0
     if args.quick:
         args.sizes, args.seconds, args.capacity, args.periods = "100000,1000000", 120.0, 20_000, 4
         args.cells_sweep = "25000,100000"
