@@ -30,7 +30,8 @@ def test_spec_example_and_sizing() -> None:
     b = ForgettingBloom(capacity=1_000_000, fp_rate=0.01, seed=7)
     assert b.add_if_absent(b"stream-1", now_ms=0) is True
     assert b.add_if_absent(b"stream-1", now_ms=0) is False
-    assert b"stream-1" in b and b.contains("stream-1") is False or True
+    assert b"stream-1" in b and b.contains("stream-1") is True  # a str key is its UTF-8 bytes
+    assert b"stream-2" not in b
     sz = bloom_sizing(1_000_000, 0.01, 2)
     assert sz.hashes == 8 and b.hashes == 8 and b.positions == sz.positions
     assert sz.generation_fp_rate == pytest.approx(1 - 0.99**0.5)
@@ -139,7 +140,6 @@ def test_reads_do_not_rotate_but_see_expiry() -> None:
     assert b.contains_many([b"x", b"x"], now_ms=np.array([2_000, 3_500])).tolist() == [True, False]
     assert b.to_bytes() == before
     b.add(b"y", now_ms=10_000_000)  # a jump of many periods clears everything
-    assert not b.contains(b"x") or True
     assert b.contains(b"y", now_ms=10_000_000) and not b.contains(b"x", now_ms=10_000_000)
     assert b.rotations == 10_000
 
@@ -168,7 +168,9 @@ def test_estimates() -> None:
     tiny = ForgettingBloom(capacity=1, fp_rate=0.5)
     for i in range(100):
         tiny.add(b"%d" % i)
-    assert tiny.approx_count() >= 0
+    # capacity 1: every insert rotates, so the live generations hold the last key or two
+    assert tiny.rotations == 100 and tiny.generation_counts() == [0, 1]
+    assert 0.5 < tiny.approx_count() < 3
 
 
 def test_clock_and_time_validation() -> None:
