@@ -539,7 +539,8 @@ cdef class ScoreSketch:
             deltas), ``"max"`` or ``"mean"``.
         hasher: ``"murmur3"`` (default) or ``"siphash"`` (use it when attackers
             choose the keys).
-        seed: 0..2**64-1; ``None`` draws one from the OS (see ``.seed``).
+        seed: 0..2**64-1; ``None`` means 0 (no randomness without a seed; pass a
+            secret seed, or ``use_hash_key``, when attackers choose the keys).
         clock: where ``now_ms`` comes from when omitted (default: system clock).
 
     Memory: ``memory_bytes() == 16 * levels * cells_per_level +

@@ -2,8 +2,9 @@
 
 All time in grudge-stream is integer milliseconds. ``SystemClock`` reads the
 wall clock; ``ManualClock`` is set by hand (tests); ``EventClock`` is a
-monotone watermark, ``max(seen timestamps)``, which the stream runtime
-advances from record timestamps so that replays reproduce live results.
+monotone watermark, ``max(seen timestamps)``, for callers that feed a sketch
+record timestamps themselves (``observe``). The runtimes do not use it: their
+operators keep a watermark per partition and pass ``now_ms`` explicitly.
 """
 from __future__ import annotations
 
