@@ -17,6 +17,7 @@ from grudge_stream._cyext._hashing import algorithm_code
 from grudge_stream.clock import SystemClock, default_clock
 from grudge_stream.envelope import KIND_FORGETTING_BLOOM, pack, unpack
 from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
+from grudge_stream.sketches import bloom_config as _bloom_config
 from grudge_stream.sketches._inputs import prepare_keys, prepare_times, time_value
 
 cnp.import_array()
@@ -38,11 +39,9 @@ cdef extern from *:
 
 cdef enum:
     SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
-    MAXG = 64       # mirrors grudge_stream.sketches.bloom.MAX_GENERATIONS
+    MAXG = 64       # mirrors grudge_stream.sketches.bloom_config.MAX_GENERATIONS
     PF = 8          # prefetch distance in keys (power of two)
-    MAXK = 64       # mirrors grudge_stream.sketches.bloom.MAX_HASHES
-
-cdef object _cfgmod = None
+    MAXK = 64       # mirrors grudge_stream.sketches.bloom_config.MAX_HASHES
 
 # Snapshot header format (the "format" field; format 1 had none, see from_bytes).
 FORMAT = 2
@@ -55,11 +54,8 @@ _STATE_FIELDS = frozenset({"format", "positions", "hashes", "newest", "rotations
 
 
 cdef object _config_module():
-    global _cfgmod
-    if _cfgmod is None:
-        from grudge_stream.sketches import bloom
-        _cfgmod = bloom
-    return _cfgmod
+    """The pure-Python config module (it never imports this kernel)."""
+    return _bloom_config
 
 
 cdef class ForgettingBloom:

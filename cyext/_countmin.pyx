@@ -17,6 +17,7 @@ from grudge_stream._cyext._hashing import algorithm_code
 from grudge_stream.clock import SystemClock, default_clock
 from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
 from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
+from grudge_stream.sketches import countmin_config as _countmin_config
 from grudge_stream.sketches._inputs import (count_value, key_at, prepare_counts, prepare_keys,
                                             prepare_times, time_value)
 
@@ -40,15 +41,9 @@ cdef enum:
     NOT_DIRTY = -2      # top-k slot key source: untouched in this batch
     SRC_NONE = -1       # top-k slot key source: pre-hashed key (no key object)
 
-cdef object _cfgmod = None
-
-
 cdef object _config_module():
-    global _cfgmod
-    if _cfgmod is None:
-        from grudge_stream.sketches import countmin
-        _cfgmod = countmin
-    return _cfgmod
+    """The pure-Python config module (it never imports this kernel)."""
+    return _countmin_config
 
 
 cdef inline uint32_t _decayed(uint32_t cell, uint32_t emod, int cbits, uint32_t cmask,

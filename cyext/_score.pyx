@@ -20,6 +20,7 @@ from ghash cimport (set_siphash_key, Hasher, make_hasher, key_view, hash_key, ha
 from grudge_stream import envelope as _envelope
 from grudge_stream.clock import SystemClock as _SystemClock, as_ms as _as_ms, default_clock as _default_clock
 from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
+from grudge_stream.sketches.score_config import RotatorConfig, ScoreSketchConfig, resolve_seed
 
 cnp.import_array()
 
@@ -508,9 +509,6 @@ cdef object _watermark_from(object header, str what):
     return wm
 
 
-def _config_classes():
-    from grudge_stream.sketches.score import ScoreSketchConfig, RotatorConfig, resolve_seed
-    return ScoreSketchConfig, RotatorConfig, resolve_seed
 
 
 # ---- ScoreSketch ------------------------------------------------------------------
@@ -569,7 +567,6 @@ cdef class ScoreSketch:
 
     def __init__(self, *, levels, cells_per_level, decay, lo=0.0, hi=float("inf"),
                  aggregator="min", hasher="murmur3", seed=None, clock=None):
-        ScoreSketchConfig, _, resolve_seed = _config_classes()
         cfg = ScoreSketchConfig(levels=levels, cells_per_level=cells_per_level, decay=decay,
                                 lo=lo, hi=hi, aggregator=aggregator, hasher=hasher,
                                 seed=resolve_seed(seed))
@@ -891,7 +888,6 @@ cdef class ScoreSketch:
         """Load a ``to_bytes`` snapshot; anything truncated, corrupt, of another kind or
         version, or with an invalid config or cells raises SnapshotError."""
         cdef ScoreSketch sk
-        ScoreSketchConfig, _, _ = _config_classes()
         header, payload = _envelope.unpack(data, _envelope.KIND_SCORE_SKETCH)
         if set(header) != {"config", "watermark_ms"}:
             raise SnapshotError(f"ScoreSketch snapshot header fields must be config, watermark_ms; "
@@ -1164,7 +1160,6 @@ cdef class Rotator:
                 self._tables[g] = NULL
 
     def __init__(self, *, generations=2, period_ms, seed=None, clock=None, **score_sketch_kwargs):
-        ScoreSketchConfig, RotatorConfig, resolve_seed = _config_classes()
         try:
             sk = ScoreSketchConfig(seed=resolve_seed(seed), **score_sketch_kwargs)
         except TypeError as exc:
@@ -1557,7 +1552,6 @@ cdef class Rotator:
         """Load a ``to_bytes`` snapshot or raise SnapshotError."""
         cdef Rotator r
         cdef uint64_t rot
-        _, RotatorConfig, _ = _config_classes()
         header, payload = _envelope.unpack(data, _envelope.KIND_ROTATOR)
         fields = {"config", "rotations", "epoch", "generation_seeds", "watermark_ms"}
         if set(header) != fields:

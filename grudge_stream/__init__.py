@@ -1,7 +1,8 @@
 """grudge-stream: constant-memory, self-decaying sketches for stream processors."""
 from __future__ import annotations
 
-from grudge_stream.clock import EventClock, ManualClock, SystemClock
+from typing import TYPE_CHECKING
+
 from grudge_stream.exceptions import (
     CheckpointError,
     ConfigError,
@@ -10,17 +11,46 @@ from grudge_stream.exceptions import (
     MismatchError,
     SnapshotError,
 )
-from grudge_stream.sketches.bloom import ForgettingBloom
-from grudge_stream.sketches.countmin import DecayingCountMin
-from grudge_stream.sketches.score import (
-    Exponential,
-    Linear,
-    NoDecay,
-    Rotator,
-    ScoreSketch,
-    suggest_levels,
-)
-from grudge_stream.sketches.split import SplitScoreSketch
+
+# The sketches (compiled kernels, numpy) load on first use, so that tools which only need
+# a submodule (the dev broker, the settings, the CLI's argument parsing) start light.
+_LAZY = {
+    "EventClock": "grudge_stream.clock",
+    "ManualClock": "grudge_stream.clock",
+    "SystemClock": "grudge_stream.clock",
+    "ForgettingBloom": "grudge_stream.sketches.bloom",
+    "DecayingCountMin": "grudge_stream.sketches.countmin",
+    "Exponential": "grudge_stream.sketches.score_config",
+    "Linear": "grudge_stream.sketches.score_config",
+    "NoDecay": "grudge_stream.sketches.score_config",
+    "Rotator": "grudge_stream.sketches.score",
+    "ScoreSketch": "grudge_stream.sketches.score",
+    "suggest_levels": "grudge_stream.sketches.score_config",
+    "SplitScoreSketch": "grudge_stream.sketches.split",
+}
+
+if TYPE_CHECKING:
+    from grudge_stream.clock import EventClock, ManualClock, SystemClock
+    from grudge_stream.sketches.bloom import ForgettingBloom
+    from grudge_stream.sketches.countmin import DecayingCountMin
+    from grudge_stream.sketches.score import Exponential, Linear, NoDecay, Rotator, ScoreSketch, suggest_levels
+    from grudge_stream.sketches.split import SplitScoreSketch
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grudge_stream' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

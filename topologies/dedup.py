@@ -19,7 +19,7 @@ from __future__ import annotations
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.settings import Setting, identity
-from grudge_stream.sketches.bloom import OVERLOAD_MODES
+from grudge_stream.sketches.bloom_config import OVERLOAD_MODES
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting

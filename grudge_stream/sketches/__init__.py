@@ -1,33 +1,50 @@
-"""Public sketch API: config objects, sizing helpers and the compiled sketch classes."""
+"""Public sketch API: config objects, sizing helpers and the compiled sketch classes.
+
+The config modules (``score_config``, ``countmin_config``, ``bloom_config``) are pure
+Python and never import a kernel; the kernels import them. Names here load on first
+use, so importing a config module does not load the kernels.
+"""
 
 from __future__ import annotations
 
-from grudge_stream.sketches.bloom import ForgettingBloom
-from grudge_stream.sketches.countmin import DecayingCountMin
-from grudge_stream.sketches.score import (
-    Exponential,
-    Linear,
-    NoDecay,
-    QueryDetail,
-    Rotator,
-    RotatorConfig,
-    ScoreSketch,
-    ScoreSketchConfig,
-    suggest_levels,
-)
-from grudge_stream.sketches.split import SplitScoreSketch
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DecayingCountMin",
-    "Exponential",
-    "ForgettingBloom",
-    "Linear",
-    "NoDecay",
-    "QueryDetail",
-    "Rotator",
-    "RotatorConfig",
-    "ScoreSketch",
-    "ScoreSketchConfig",
-    "SplitScoreSketch",
-    "suggest_levels",
-]
+_LAZY = {
+    "DecayingCountMin": "grudge_stream.sketches.countmin",
+    "ForgettingBloom": "grudge_stream.sketches.bloom",
+    "Exponential": "grudge_stream.sketches.score_config",
+    "Linear": "grudge_stream.sketches.score_config",
+    "NoDecay": "grudge_stream.sketches.score_config",
+    "RotatorConfig": "grudge_stream.sketches.score_config",
+    "ScoreSketchConfig": "grudge_stream.sketches.score_config",
+    "suggest_levels": "grudge_stream.sketches.score_config",
+    "QueryDetail": "grudge_stream.sketches.score",
+    "Rotator": "grudge_stream.sketches.score",
+    "ScoreSketch": "grudge_stream.sketches.score",
+    "SplitScoreSketch": "grudge_stream.sketches.split",
+}
+
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    from grudge_stream.sketches.bloom import ForgettingBloom
+    from grudge_stream.sketches.countmin import DecayingCountMin
+    from grudge_stream.sketches.score import QueryDetail, Rotator, ScoreSketch
+    from grudge_stream.sketches.score_config import (Exponential, Linear, NoDecay, RotatorConfig,
+                                                     ScoreSketchConfig, suggest_levels)
+    from grudge_stream.sketches.split import SplitScoreSketch
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grudge_stream.sketches' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -33,7 +33,6 @@ import numpy as np
 from grudge_stream import envelope
 from grudge_stream._cyext._score import ScoreSketch, split_apply
 from grudge_stream.exceptions import ConfigError, SnapshotError
-from grudge_stream.sketches.score import ScoreSketchConfig
 
 __all__ = ["SplitScoreSketch"]
 
