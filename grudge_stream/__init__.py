@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grudge_stream._lazy import lazy_exports
 from grudge_stream.exceptions import (
     CheckpointError,
     ConfigError,
@@ -37,19 +38,7 @@ if TYPE_CHECKING:
     from grudge_stream.sketches.split import SplitScoreSketch
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'grudge_stream' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __version__ = "0.1.0"

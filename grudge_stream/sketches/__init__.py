@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grudge_stream._lazy import lazy_exports
+
 _LAZY = {
     "DecayingCountMin": "grudge_stream.sketches.countmin",
     "ForgettingBloom": "grudge_stream.sketches.bloom",
@@ -35,16 +37,4 @@ if TYPE_CHECKING:
     from grudge_stream.sketches.split import SplitScoreSketch
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'grudge_stream.sketches' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

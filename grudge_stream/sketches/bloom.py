@@ -8,22 +8,7 @@ holds its frozen config object and the sizing rule. See
 from __future__ import annotations
 
 from grudge_stream._cyext._bloom import ForgettingBloom
-from grudge_stream.sketches.bloom_config import (
-    BloomConfig,
-    BloomSizing,
-    MAX_GENERATIONS,
-    MAX_HASHES,
-    MAX_POSITIONS,
-    OVERLOAD_MODES,
-    bloom_sizing,
-)
+from grudge_stream.sketches import bloom_config as _config
+from grudge_stream.sketches.bloom_config import *  # noqa: F401,F403 - the config and sizing, re-exported
 
-__all__ = [
-    "BloomConfig",
-    "BloomSizing",
-    "ForgettingBloom",
-    "MAX_GENERATIONS",
-    "MAX_HASHES",
-    "OVERLOAD_MODES",
-    "bloom_sizing",
-]
+__all__ = sorted([*_config.__all__, "ForgettingBloom"])

@@ -17,7 +17,6 @@ from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, in_r
 __all__ = [
     "BloomConfig",
     "BloomSizing",
-    "ForgettingBloom",
     "MAX_GENERATIONS",
     "MAX_HASHES",
     "OVERLOAD_MODES",

@@ -8,23 +8,7 @@ module holds its frozen config object and sizing helpers. See
 from __future__ import annotations
 
 from grudge_stream._cyext._countmin import DecayingCountMin
-from grudge_stream.sketches.countmin_config import (
-    CountMinConfig,
-    CountMinParameters,
-    MAX_CELLS,
-    MAX_DEPTH,
-    MAX_TOP_K,
-    countmin_dimensions,
-    countmin_memory_bytes,
-)
+from grudge_stream.sketches import countmin_config as _config
+from grudge_stream.sketches.countmin_config import *  # noqa: F401,F403 - the config and sizing, re-exported
 
-__all__ = [
-    "CountMinConfig",
-    "CountMinParameters",
-    "DecayingCountMin",
-    "MAX_CELLS",
-    "MAX_DEPTH",
-    "MAX_TOP_K",
-    "countmin_dimensions",
-    "countmin_memory_bytes",
-]
+__all__ = sorted([*_config.__all__, "DecayingCountMin"])

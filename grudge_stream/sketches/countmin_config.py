@@ -17,7 +17,6 @@ from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, in_r
 __all__ = [
     "CountMinConfig",
     "CountMinParameters",
-    "DecayingCountMin",
     "MAX_CELLS",
     "MAX_DEPTH",
     "MAX_TOP_K",
