@@ -171,6 +171,40 @@ class Operator(abc.ABC):
                                          "future_clamped": 0, "late_dropped": 0}
         # Records below next_offset that a runtime re-delivered (not state: differs per run).
         self.skipped = 0
+        # Event-time timers (``every``): name -> interval, and name -> next due time.
+        self._timer_intervals: dict[str, int] = {}
+        self.timers: dict[str, int | None] = {}
+
+    # -- event-time timers --------------------------------------------------------------------
+
+    def every(self, name: str, interval_ms: int) -> None:
+        """Call ``on_timer(name, ...)`` each time the watermark crosses a multiple of
+        ``interval_ms``: before the first event at or past the due time, at that event's
+        watermark, once however many multiples it crossed. The first event only arms it.
+        Due times are state (snapshot scalar ``next_<name>``)."""
+        if interval_ms < 1:
+            raise ConfigError(f"{name}_interval_ms must be >= 1")
+        self._timer_intervals[name] = int(interval_ms)
+        self.timers[name] = None
+
+    def on_timer(self, name: str, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
+        """A timer of ``every`` is due at watermark ``now_ms``; ``rec`` is the record whose
+        event made it due (outputs cite it as their source)."""
+
+    def fire_timers(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
+        """Arm or fire every timer for an event at watermark ``now_ms`` (before it is applied)."""
+        for name, interval in self._timer_intervals.items():
+            due = self.timers[name]
+            if due is None:
+                self.timers[name] = (now_ms // interval + 1) * interval
+            elif now_ms >= due:
+                self.on_timer(name, now_ms, rec, out)
+                self.timers[name] = (now_ms // interval + 1) * interval
+
+    def next_timer(self) -> int | None:
+        """The earliest armed due time (None: none armed, or no timers)."""
+        due = [t for t in self.timers.values() if t is not None]
+        return min(due) if due else None
 
     def time_scale_ms(self) -> float | None:
         """The operator's decay time constant in ms (None: no decay); scales the time bounds."""
@@ -282,6 +316,8 @@ class Operator(abc.ABC):
                     if late:
                         counters["late"] += 1
                 counters["events"] += 1
+                if self._timer_intervals:
+                    self.fire_timers(wm, rec, out)
                 self.apply(ev if ts == ev.ts_ms else ev._replace(ts_ms=ts), rec, wm, late, out)
         return out
 
@@ -363,7 +399,7 @@ class Operator(abc.ABC):
             "next_offset": self.next_offset,
             "watermark": self.watermark,
             "counters": self.counters,
-            "scalars": self.state_scalars(),
+            "scalars": {**self.state_scalars(), **{"next_" + n: t for n, t in self.timers.items()}},
             "sections": [[name, len(data)] for name, data in sections],
         }
         return envelope.pack(envelope.KIND_OPERATOR, header, b"".join(d for _, d in sections))
@@ -415,7 +451,10 @@ class Operator(abc.ABC):
             # Counters a snapshot of an older release lacks start at zero.
             counters = {**{k: 0 for k in self.counters},
                         **{k: int(v) for k, v in header["counters"].items()}}
+            timers = {n: None if header["scalars"].get("next_" + n) is None
+                      else int(header["scalars"]["next_" + n]) for n in self._timer_intervals}
             self.load_sections(sections, header["scalars"])
+            self.timers = timers
         except SnapshotError:
             raise
         except (KeyError, TypeError, ValueError) as exc:

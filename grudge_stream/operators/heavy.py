@@ -34,8 +34,6 @@ class HeavyHitterOperator(SketchAlertOperator):
                          codec=codec, **common)
         from grudge_stream import DecayingCountMin
 
-        if report_interval_ms < 1:
-            raise ConfigError("report_interval_ms must be >= 1")
         if top_k < 0:
             raise ConfigError("top_k must be >= 0")
         self.sketch_config = dict(sketch)
@@ -43,7 +41,7 @@ class HeavyHitterOperator(SketchAlertOperator):
         self.sketch = self._keyed(DecayingCountMin(**self.sketch_config, top_k=self.top_k))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.report_interval_ms = int(report_interval_ms)
-        self._next_report: int | None = None
+        self.every("report", self.report_interval_ms)
         self.counters.update(alerts_raised=0, alerts_cleared=0, reports=0)
 
     def time_scale_ms(self) -> float | None:
@@ -62,16 +60,14 @@ class HeavyHitterOperator(SketchAlertOperator):
 
     def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
               out: list[OutputRecord]) -> None:
-        if self._next_report is None:
-            self._next_report = (now_ms // self.report_interval_ms + 1) * self.report_interval_ms
-        elif now_ms >= self._next_report:
-            self._report(now_ms, rec, out)
-            self._next_report = (now_ms // self.report_interval_ms + 1) * self.report_interval_ms
         self.sketch.increment(ev.key, int(ev.value), now_ms=now_ms)
         est = self.sketch.query(ev.key, now_ms=now_ms)
         state = self.latch.observe(ev.key, float(est))
         if state is not None:
             self._alert(ev.key, state, float(est), now_ms, rec, out)
+
+    def on_timer(self, name: str, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
+        self._report(now_ms, rec, out)
 
     def _report(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
         sketch = self.sketch
@@ -88,9 +84,3 @@ class HeavyHitterOperator(SketchAlertOperator):
     def saturation(self) -> list:
         return countmin_saturation(self.sketch, raise_at=self.latch.raise_at)
 
-    def state_scalars(self) -> dict:
-        return {**super().state_scalars(), "next_report": self._next_report}
-
-    def load_sections(self, sections: dict, scalars: dict) -> None:
-        super().load_sections(sections, scalars)
-        self._next_report = scalars.get("next_report")

@@ -30,6 +30,7 @@ import numpy as np
 from grudge_stream._cyext import _ingest
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import (
     CACHE_MAX_ENTRIES,
     CACHE_MAX_VALUE_BYTES,
@@ -58,8 +59,6 @@ class FeedbackScoreOperator(SketchAlertOperator):
                          codec=codec, **common)
         if emit_scores not in EMIT_MODES:
             raise ConfigError(f"emit_scores must be one of {EMIT_MODES}, not {emit_scores!r}")
-        if sweep_interval_ms < 1:
-            raise ConfigError("sweep_interval_ms must be >= 1")
         if score_mode not in SCORE_MODES:
             raise ConfigError(f"score_mode must be one of {SCORE_MODES}, not {score_mode!r}")
         self.score_mode = score_mode
@@ -70,9 +69,9 @@ class FeedbackScoreOperator(SketchAlertOperator):
         self.sketch = self._keyed(build_score_sketch(self.sketch_config, split=score_mode == "split"))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.sweep_interval_ms = int(sweep_interval_ms)
+        self.every("sweep", self.sweep_interval_ms)
         self.emit_scores = emit_scores
         self._lam_per_ms = decay_lambda_per_ms(self.sketch_config)
-        self._next_sweep: int | None = None
         self.counters.update(alerts_raised=0, alerts_cleared=0)
 
     def time_scale_ms(self) -> float | None:
@@ -97,11 +96,6 @@ class FeedbackScoreOperator(SketchAlertOperator):
 
     def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
               out: list[OutputRecord]) -> None:
-        if self._next_sweep is None:
-            self._next_sweep = (now_ms // self.sweep_interval_ms + 1) * self.sweep_interval_ms
-        elif now_ms >= self._next_sweep:
-            self._sweep(now_ms, rec, out)
-            self._next_sweep = (now_ms // self.sweep_interval_ms + 1) * self.sweep_interval_ms
         delta = ev.value
         if late_ms and self._lam_per_ms:
             delta *= math.exp(-self._lam_per_ms * late_ms)
@@ -123,7 +117,9 @@ class FeedbackScoreOperator(SketchAlertOperator):
         nogil batch call per sweep segment, and only events that can change an alert latch
         (a score at ``raise_at`` or above, or a key already raised) are looked at in Python.
         """
-        if not self.codec.value_only or self.emit_scores == "every":
+        if (not self.codec.value_only or self.emit_scores == "every"
+                or type(self).validate_event is not Operator.validate_event):
+            # (A subclass's own event checks run on the record path only.)
             return self.process([SourceRecord(topic, partition, o, t, k, v)
                                  for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
         if partition != self.partition or topic != self.source_topic:
@@ -170,23 +166,19 @@ class FeedbackScoreOperator(SketchAlertOperator):
             hashes = self.sketch.key_hashes(ev_keys)
             seq = [1]
             pos = 0
-            interval = self.sweep_interval_ms
             while pos < n:
-                # Exactly what apply() does before each event, at the first event of a segment;
-                # the segment then runs up to the next sweep time (``now`` never decreases).
+                # The timers fire exactly as process() fires them, at the first event of a
+                # segment; the segment then runs up to the next due time (``now`` never decreases).
                 t = int(now[pos])
-                if self._next_sweep is None:
-                    self._next_sweep = (t // interval + 1) * interval
-                elif t >= self._next_sweep:
-                    i = int(idx[pos])
-                    rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
-                    sweep_out: list[OutputRecord] = []
-                    self._sweep(t, rec, sweep_out)
-                    for o in sweep_out:
-                        seq[0] += 1
-                        tagged.append((offsets[i], seq[0], o))
-                    self._next_sweep = (t // interval + 1) * interval
-                end = int(np.searchsorted(now, self._next_sweep, side="left"))
+                i = int(idx[pos])
+                rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
+                timer_out: list[OutputRecord] = []
+                self.fire_timers(t, rec, timer_out)
+                for o in timer_out:
+                    seq[0] += 1
+                    tagged.append((offsets[i], seq[0], o))
+                due = self.next_timer()
+                end = n if due is None else int(np.searchsorted(now, due, side="left"))
                 self._apply_segment(pos, end, idx, hashes, weighted, now, ev_keys, topic, partition,
                                     offsets, timestamps, keys, values, tagged, seq)
                 pos = end
@@ -222,6 +214,9 @@ class FeedbackScoreOperator(SketchAlertOperator):
                 seq[0] += 1
                 tagged.append((offsets[i], seq[0], o))
 
+    def on_timer(self, name: str, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
+        self._sweep(now_ms, rec, out)
+
     def _sweep(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
         sketch = self.sketch
         for key, score in self.latch.sweep(lambda k: sketch.query(k, now_ms=now_ms)):
@@ -231,14 +226,6 @@ class FeedbackScoreOperator(SketchAlertOperator):
         return score_saturation(self.sketch, self.watermark, raise_at=self.latch.raise_at,
                                 lam_per_ms=self._lam_per_ms)
 
-    # -- state ----------------------------------------------------------------------------------
-
-    def state_scalars(self) -> dict:
-        return {**super().state_scalars(), "next_sweep": self._next_sweep}
-
-    def load_sections(self, sections: dict, scalars: dict) -> None:
-        super().load_sections(sections, scalars)
-        self._next_sweep = scalars.get("next_sweep")
 
 
 def _score_record(operator_id: str, key: bytes, score: float, now_ms: int, rec: SourceRecord,
