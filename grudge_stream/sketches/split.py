@@ -93,6 +93,16 @@ class SplitScoreSketch:
     def watermark_ms(self) -> int | None:
         return self.pos.watermark_ms
 
+    @property
+    def clock(self) -> Any:
+        return self.pos.clock
+
+    def copy(self) -> SplitScoreSketch:
+        """An independent sketch with the same config, clock and state."""
+        sk = SplitScoreSketch.__new__(SplitScoreSketch)
+        sk.pos, sk.neg, sk.lo, sk.hi = self.pos.copy(), self.neg.copy(), self.lo, self.hi
+        return sk
+
     def memory_bytes(self) -> int:
         return self.pos.memory_bytes() + self.neg.memory_bytes()
 

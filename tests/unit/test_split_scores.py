@@ -157,6 +157,9 @@ def test_batch_equals_one_by_one_and_bytes_round_trip() -> None:
     assert np.array_equal(np.asarray(ref), got)
     c = SplitScoreSketch.from_bytes(b.to_bytes())
     assert c.config == b.config
+    d = b.copy()
+    d.update(keys[0], 0.5, now_ms=int(now[-1]))
+    assert d.to_bytes() != b.to_bytes() and b.copy().to_bytes() == b.to_bytes()
     assert np.array_equal(c.query_many(keys, now_ms=int(now[-1])), b.query_many(keys, now_ms=int(now[-1])))
     blob = bytearray(b.to_bytes())
     blob[-10] ^= 1
