@@ -1,18 +1,31 @@
 """DecayingCountMin throughput, top-k accuracy and exact baselines.
 
     python benchmarks/bench_countmin.py [--events 10000000] [--keys 1000000] [--runs 5]
+    python benchmarks/bench_countmin.py --vs-cltds [--cltds-src DIR] [--runs 7]
 
 Workload: a Zipf(1.1) stream over --keys distinct 16-byte keys (fixed seed).
 Every figure is the median of --runs runs; the last line is a JSON summary.
 Run it against the installed package (not the source tree), on a quiet machine.
+
+--vs-cltds: only the side-by-side of `query_many` on the pre-hashed ids against the
+CL-TDS query loop (the Rust crate DecayingCountMin is modelled on), on the same ids in
+the same run: builds benchmarks/cltds (cargo build --release), writes the ids there
+(target/), fills both sketches with one increment per id, then --runs rounds, each
+timing one pass of both (order alternating), after an untimed pass of each. Without
+--cltds-src the harness times its re-implementation of the crate's loop (crates.io as
+reachable here has no cl-tds); with --cltds-src DIR it builds against the crate's
+source tree in DIR (a checkout of cl-tds 0.0.1).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from _workload import Workload, deep_size_of_keys, each, emit, machine, median, timed
@@ -22,6 +35,80 @@ from grudge_stream import DecayingCountMin
 
 def chunks(seq, size):
     return [seq[i : i + size] for i in range(0, len(seq), size)]
+
+
+CLTDS_DIR = Path(__file__).resolve().parent / "cltds"
+
+
+def build_cltds(src: str | None) -> Path:
+    """cargo build --release the harness (against the crate's source tree in src if
+    given) and return the executable."""
+    manifest = CLTDS_DIR / "Cargo.toml"
+    if src is not None:
+        gen = CLTDS_DIR / "target" / "with-crate"
+        gen.mkdir(parents=True, exist_ok=True)
+        manifest = gen / "Cargo.toml"
+        manifest.write_text(
+            "[package]\nname = \"cltds-bench\"\nversion = \"0.1.0\"\nedition = \"2021\"\n"
+            "publish = false\n\n[workspace]\n\n[[bin]]\nname = \"cltds-bench\"\n"
+            f"path = {json.dumps(str(CLTDS_DIR / 'src' / 'main.rs'))}\n\n"
+            "[dependencies]\n"
+            f"cl-tds = {{ path = {json.dumps(str(Path(src).resolve()))} }}\n\n"
+            "[features]\ndefault = [\"crate\"]\ncrate = []\n\n"
+            "[profile.release]\nopt-level = 3\n"
+        )
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", str(manifest)], check=True
+    )
+    return manifest.parent / "target" / "release" / "cltds-bench"
+
+
+def vs_cltds(args, w: Workload, hb, res: dict) -> None:
+    exe = build_cltds(args.cltds_src)
+    ids = CLTDS_DIR / "target" / f"ids-{args.events}-{args.keys}.u64"
+    w.hashes.astype("<u8").tofile(ids)
+    n = len(w.hashes)
+    sk = DecayingCountMin(epoch_ms=None)
+    each(sk.increment_many, hb)  # one increment per id, as the harness fills its sketch
+
+    def ours() -> float:
+        each(sk.query_many, hb)  # untimed pass
+        return n / timed(lambda: each(sk.query_many, hb), 1)[0]
+
+    def theirs() -> tuple[float, dict]:
+        p = subprocess.run(
+            [str(exe), str(ids), "--runs", "1"], capture_output=True, text=True, check=True
+        )
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("CLTDS ")][-1]
+        info = json.loads(line[len("CLTDS ") :])
+        return info["query_ids_per_s"][0], info
+
+    a, b = [], []
+    for r in range(args.runs):
+        if r % 2 == 0:
+            a.append(ours())
+            rate, info = theirs()
+        else:
+            rate, info = theirs()
+            a.append(ours())
+        b.append(rate)
+        print(
+            f"  round {r}: query_many {a[-1] / 1e6:7.1f} M ids/s   "
+            f"CL-TDS query loop {b[-1] / 1e6:7.1f} M ids/s"
+        )
+    ma, mb = median(a) / 1e6, median(b) / 1e6
+    print(f"  query_many, pre-hashed uint64, batches of {args.batch:,}: {ma:8.1f} M ids/s (median)")
+    print(f"  CL-TDS query loop, {info['impl']}: {mb:8.1f} M ids/s (median)")
+    print(f"  ratio query_many / CL-TDS: {ma / mb:.2f}")
+    res.update(
+        query_prehashed_mev_s_runs=[x / 1e6 for x in a],
+        cltds_query_mev_s_runs=[x / 1e6 for x in b],
+        query_prehashed_mev_s=ma,
+        cltds_query_mev_s=mb,
+        ratio=ma / mb,
+        cltds_impl=info["impl"],
+        cltds_increment_mev_s=info["increment_ids_per_s"] / 1e6,
+    )
 
 
 def main(argv=None) -> dict:
@@ -36,6 +123,16 @@ def main(argv=None) -> dict:
         "--bytes-events", type=int, default=4_000_000, help="events for the bytes-key runs"
     )
     ap.add_argument("--baseline-distinct", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    ap.add_argument(
+        "--vs-cltds",
+        action="store_true",
+        help="only query_many against the CL-TDS query loop (benchmarks/cltds)",
+    )
+    ap.add_argument(
+        "--cltds-src",
+        default=None,
+        help="with --vs-cltds: build the harness against the cl-tds source tree in this directory",
+    )
     args = ap.parse_args(argv)
     runs, n = args.runs, args.events
     t0 = time.perf_counter()
@@ -54,6 +151,10 @@ def main(argv=None) -> dict:
         "batch": args.batch,
     }
     hb = chunks(w.hashes, args.batch)
+    if args.vs_cltds:
+        vs_cltds(args, w, hb, res)
+        emit("bench_countmin_vs_cltds", res)
+        return res
 
     def rate(times, events):
         return events / median(times) / 1e6

@@ -32,6 +32,8 @@ cdef extern from "gsketch.h" nogil:
     void* gs_alloc_zeroed(size_t n)
     int64_t gs_wall_ms()
     int64_t gs_floordiv(int64_t a, int64_t b)
+    void gs_cm_query4(const uint32_t* cells, const uint64_t* hs, Py_ssize_t n, int64_t* out,
+                      uint32_t emod, uint32_t width, uint32_t pmask, int cbits, uint32_t smask)
 
 cdef enum:
     SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
@@ -539,7 +541,9 @@ cdef class DecayingCountMin:
                     row += width
 
     cdef void _run_query_plain(self, const uint64_t* hs, Py_ssize_t n, int64_t* out) noexcept nogil:
-        """The common read: every key at the sketch's current epoch."""
+        """The common read: every key at the sketch's current epoch. Depth 4 with a
+        power-of-two width (the default layout) runs gs_cm_query4 (gsketch.h): rows
+        unrolled, no branch per cell, constants for the default 65536 x 24-bit layout."""
         cdef uint32_t* cells = self._cells
         cdef uint32_t depth = self._depth, width = self._width
         cdef uint64_t magic = self._magic
@@ -551,6 +555,9 @@ cdef class DecayingCountMin:
         cdef uint32_t r, v, est, c, g
         cdef uint32_t* row
         cdef uint64_t h
+        if depth == 4 and pmask != 0:
+            gs_cm_query4(cells, hs, n, out, emod, width, pmask, cbits, smask)
+            return
         for j in range(n if n < PF else PF):
             h = hs[j]
             row = cells
