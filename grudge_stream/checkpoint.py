@@ -51,7 +51,7 @@ from typing import Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from grudge_stream.exceptions import CheckpointError, SnapshotError
+from grudge_stream.exceptions import CheckpointError, ConfigError, SnapshotError
 from grudge_stream.hashing import crc32c
 
 log = logging.getLogger("grudge_stream.checkpoint")
@@ -234,9 +234,9 @@ class CheckpointStore:
                  open_transaction_wait_s: float = DEFAULT_OPEN_TRANSACTION_WAIT_S,
                  client_config: dict | None = None) -> None:
         if chunk_bytes < 1024 or chunk_bytes > 1024 * 1024:
-            raise ValueError("chunk_bytes must be between 1 KiB and 1 MiB")
+            raise ConfigError("chunk_bytes must be between 1 KiB and 1 MiB")
         if not open_transaction_wait_s >= 0:
-            raise ValueError("open_transaction_wait_s must be 0 or more")
+            raise ConfigError("open_transaction_wait_s must be 0 or more")
         # The longest a read of the newest manifest waits for another producer's open
         # transaction that hides a newer manifest (see _committed_end); it should exceed the
         # writers' transaction timeout plus the broker's abort-check interval.

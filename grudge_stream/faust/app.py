@@ -35,7 +35,7 @@ from faust.types import TP
 
 from grudge_stream._cyext._ingest import group_records
 from grudge_stream.checkpoint import CheckpointStore, watermarks
-from grudge_stream.exceptions import CheckpointError, DeliveryError
+from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.health import AssignmentWatch, BrokerProbe
 from grudge_stream.kafkaconf import client_config
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
@@ -229,7 +229,7 @@ class FaustRuntime:
         self.consumer: Any = None  # the Faust consumer, once it positioned partitions
         self.drain = settings.get("drain", "batch")
         if self.drain not in ("batch", "agent"):
-            raise ValueError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
+            raise ConfigError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
 
     # -- assignment -------------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ import json
 import struct
 from typing import Callable, Iterator
 
+from grudge_stream.exceptions import ConfigError, SnapshotError
+
 _ENTRY = struct.Struct("<dI")
 
 
@@ -45,9 +47,9 @@ class AlertLatch:
 
     def __init__(self, raise_at: float, clear_at: float, capacity: int = 100_000) -> None:
         if not (clear_at < raise_at):
-            raise ValueError(f"clear_at ({clear_at}) must be below raise_at ({raise_at})")
+            raise ConfigError(f"clear_at ({clear_at}) must be below raise_at ({raise_at})")
         if capacity < 1:
-            raise ValueError("alert latch capacity must be >= 1")
+            raise ConfigError("alert latch capacity must be >= 1")
         self.raise_at = float(raise_at)
         self.clear_at = float(clear_at)
         self.capacity = int(capacity)
@@ -120,7 +122,7 @@ class AlertLatch:
             raised[bytes(view[pos:pos + klen])] = s
             pos += klen
         if pos != len(view):
-            raise ValueError("alert latch state has trailing bytes")
+            raise SnapshotError("alert latch state has trailing bytes")
         if n > self.capacity:
             # A smaller latch_capacity than the snapshot's (a policy change): keep the highest
             # scores, as an overflow does.

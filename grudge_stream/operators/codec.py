@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
+from grudge_stream.exceptions import ConfigError
+
 # Timestamps outside [0, 2**53) ms are refused: they cannot be real event times and
 # would not survive a round trip through a float.
 MAX_TIMESTAMP_MS = 2**53 - 1
@@ -63,11 +65,11 @@ class EventCodec:
 
     def __post_init__(self) -> None:
         if self.encoding not in ("json", "raw"):
-            raise ValueError(f"encoding must be 'json' or 'raw', not {self.encoding!r}")
+            raise ConfigError(f"encoding must be 'json' or 'raw', not {self.encoding!r}")
         if self.outcomes:
             for name, v in self.outcomes.items():
                 if not isinstance(name, str) or not _finite_number(v):
-                    raise ValueError(f"outcome {name!r} must map a string to a finite number, got {v!r}")
+                    raise ConfigError(f"outcome {name!r} must map a string to a finite number, got {v!r}")
             self._outcome_map.update({k: float(v) for k, v in self.outcomes.items()})
 
     def to_dict(self) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from grudge_stream.exceptions import ConfigError, MismatchError
 from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
@@ -34,7 +35,7 @@ class RateLimitOperator(Operator):
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
                          codec=codec, **common)
         if emit not in ("all", "denials"):
-            raise ValueError("emit must be 'all' or 'denials'")
+            raise ConfigError("emit must be 'all' or 'denials'")
         self.params = {"rate_per_s": float(rate_per_s), "burst": float(burst),
                        "reject_penalty": float(reject_penalty),
                        "max_debt": None if max_debt is None else float(max_debt), "levels": int(levels),
@@ -81,7 +82,7 @@ class RateLimitOperator(Operator):
 
         sketch = self._keyed(ScoreSketch.from_bytes(bytes(sections["sketch"])))
         if sketch.config != self.bucket.sketch.config:
-            raise ValueError("token-bucket sketch was written under another configuration")
+            raise MismatchError("token-bucket sketch was written under another configuration")
         self.bucket = self._cls.from_sketch(sketch, burst=self.params["burst"],
                                             reject_penalty=self.params["reject_penalty"])
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grudge_stream.exceptions import MismatchError
 from grudge_stream.operators.alerts import AlertLatch
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.records import OutputRecord, SourceRecord
@@ -37,7 +38,7 @@ class SketchAlertOperator(Operator):
             sketch = sketch_cls.from_bytes(bytes(sections["sketch"]))
         sketch = self._keyed(sketch)
         if sketch.config != self.sketch.config:
-            raise ValueError("sketch section was written under another sketch configuration")
+            raise MismatchError("sketch section was written under another sketch configuration")
         latch = AlertLatch(self.latch.raise_at, self.latch.clear_at, self.latch.capacity)
         latch.load(bytes(sections["latch"]))
         latch.evictions = int(scalars.get("latch_evictions", 0))
@@ -69,7 +70,7 @@ class BloomOperator(Operator):
     def load_sections(self, sections: dict, scalars: dict) -> None:
         bloom = self._keyed(type(self.bloom).from_bytes(bytes(sections["bloom"])))
         if bloom.config != self.bloom.config:
-            raise ValueError("bloom section was written under another configuration")
+            raise MismatchError("bloom section was written under another configuration")
         self.bloom = bloom
 
     def memory_bytes(self) -> int:
