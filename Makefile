@@ -8,7 +8,7 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-unit bench bench-kafka broker-start broker-stop broker-status demo clean
+.PHONY: help install test test-unit bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV), start a local Kafka broker, run pytest"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
 	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
 	@echo "make bench-kafka   runtime benchmarks against a local broker (Faust, batch runtime, checkpoints, latency)"
+	@echo "make bench-peers   the abuse_scores job beside Kafka Streams, Quix Streams and a Faust Table (PEERS_ARGS=...)"
 	@echo "make broker-start  start the local single-node KRaft broker (jars fetched with Maven on first use)"
 	@echo "make broker-stop   stop it"
 
@@ -63,6 +64,17 @@ bench-kafka: install
 	status=0; for b in $(KAFKA_BENCHES); do [ -f benchmarks/$$b.py ] || continue; echo "== $$b"; \
 	  (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/$$b.py") || status=1; done; \
 	$(RUN_INSTALLED) grudge_stream.devkafka stop --dir "$(BENCH_BROKER)" >/dev/null 2>&1; exit $$status
+
+# Peers (benchmarks/peers): builds the Kafka Streams app with Maven and a Quix Streams venv under
+# .cache/peers on first use, runs them against a broker of its own, then draws docs/peers-*.png.
+PEERS_ARGS   ?= --sizes 10000:500000 --runs 3
+PEERS_BROKER := $(CURDIR)/.cache/peers/kafka
+bench-peers: install
+	@export KAFKA_BOOTSTRAP_SERVERS=$$($(RUN_INSTALLED) grudge_stream.devkafka start --dir "$(PEERS_BROKER)"); \
+	status=0; (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/peers/run_peers.py" \
+	  --broker-data-dir "$(PEERS_BROKER)/data" $(PEERS_ARGS)) || status=1; \
+	$(RUN_INSTALLED) grudge_stream.devkafka stop --dir "$(PEERS_BROKER)" >/dev/null 2>&1; \
+	[ $$status = 0 ] && .cache/peers/quix-venv/bin/python benchmarks/peers/plot_peers.py; exit $$status
 
 broker-start: install
 	$(RUN_INSTALLED) grudge_stream.devkafka start
