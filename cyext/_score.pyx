@@ -511,6 +511,58 @@ cdef object _watermark_from(object header, str what):
 
 
 
+cdef class BatchArgs:
+    """A batch call's validated arguments (keys hashed, deltas and limits finite, times
+    int64; a scalar is one element with step 0) and its result array, with raw pointers
+    for the nogil loops. All arguments are checked before any cell is touched."""
+    cdef object hashes, darr, larr, tarr, res
+    cdef Py_ssize_t n, ds, ls, ts
+    cdef const uint64_t* hs
+    cdef const double* dv
+    cdef const double* lv
+    cdef const int64_t* tv
+    cdef double* outf
+    cdef uint8_t* outb
+
+    def __cinit__(self):
+        self.outf = NULL
+        self.outb = NULL
+
+    def __init__(self, *args):
+        raise TypeError("BatchArgs is built by the kernels only")
+
+
+cdef BatchArgs _batch_args(Hasher* hasher, keys, deltas, limits, now_ms, int out):
+    """``out``: 0 no result, 1 float64 scores, 2 bool admissions."""
+    cdef BatchArgs a = BatchArgs.__new__(BatchArgs)
+    cdef const uint64_t[::1] hv
+    cdef const double[::1] dv
+    cdef const double[::1] lv
+    cdef const int64_t[::1] tv
+    a.hashes = _hashes_of(hasher, keys)
+    a.n = a.hashes.shape[0]
+    a.darr, a.ds = _f64_arg(deltas, a.n, "deltas")
+    a.larr, a.ls = _f64_arg(limits, a.n, "limit")
+    a.tarr, a.ts = _time_arr(now_ms, a.n)
+    a.res = None
+    if out == 1:
+        a.res = np.empty(a.n, dtype=np.float64)
+        a.outf = <double*>cnp.PyArray_DATA(a.res)
+    elif out == 2:
+        a.res = np.empty(a.n, dtype=np.bool_)
+        a.outb = <uint8_t*>cnp.PyArray_DATA(a.res)
+    if a.n:
+        hv = a.hashes
+        dv = a.darr
+        lv = a.larr
+        tv = a.tarr
+        a.hs = &hv[0]
+        a.dv = &dv[0]
+        a.lv = &lv[0]
+        a.tv = &tv[0]
+    return a
+
+
 # ---- ScoreSketch ------------------------------------------------------------------
 
 @cython.final
@@ -785,36 +837,12 @@ cdef class ScoreSketch:
             start = end
 
     cdef object _batch(self, keys, deltas, limits, now_ms, int op, int out):
-        cdef const uint64_t[::1] hv
-        cdef const double[::1] dv
-        cdef const double[::1] lv
-        cdef const int64_t[::1] tv
-        cdef Py_ssize_t n, ds = 0, ls = 0, ts
-        cdef cnp.ndarray res = None
-        cdef double* outf = NULL
-        cdef uint8_t* outb = NULL
-        hashes = _hashes_of(&self._hasher, keys)
-        n = hashes.shape[0]
-        darr, ds = _f64_arg(deltas, n, "deltas")
-        larr, ls = _f64_arg(limits, n, "limit")
-        if now_ms is None:
-            now_ms = self._now(None)
-        tarr, ts = _time_arr(now_ms, n)
-        if out == 1:
-            res = np.empty(n, dtype=np.float64)
-            outf = <double*>cnp.PyArray_DATA(res)
-        elif out == 2:
-            res = np.empty(n, dtype=np.bool_)
-            outb = <uint8_t*>cnp.PyArray_DATA(res)
-        if n == 0:
-            return res
-        hv = hashes
-        dv = darr
-        lv = larr
-        tv = tarr
-        with nogil:
-            self._run(&hv[0], n, &dv[0], ds, &tv[0], ts, &lv[0], ls, op, outf, outb)
-        return res
+        cdef BatchArgs a = _batch_args(&self._hasher, keys, deltas, limits,
+                                       self._now(None) if now_ms is None else now_ms, out)
+        if a.n:
+            with nogil:
+                self._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
+        return a.res
 
     def update_many(self, keys, deltas, now_ms=None):
         """``update`` for each event in order. ``keys``: a list/tuple of bytes/str keys or
@@ -1024,12 +1052,7 @@ def split_apply(ScoreSketch pos not None, ScoreSketch neg not None, keys, deltas
     or None with ``want_scores=False``. ``keys``: keys or ``pos.key_hashes``. Both sketches
     must share levels, cells per level, decay and seed (``SplitScoreSketch`` builds them so).
     """
-    cdef const uint64_t[::1] hv
-    cdef const double[::1] dv
-    cdef const int64_t[::1] tv
-    cdef Py_ssize_t n, ds, ts
-    cdef cnp.ndarray res = None
-    cdef double* outp = NULL
+    cdef BatchArgs a
     if pos is neg:
         raise ValueError("split_apply needs two distinct sketches")
     if (pos._core.L != neg._core.L or pos._core.M != neg._core.M or pos._core.decay != neg._core.decay
@@ -1037,23 +1060,12 @@ def split_apply(ScoreSketch pos not None, ScoreSketch neg not None, keys, deltas
         raise ConfigError("the punishment and forgiveness sketches must have the same shape and decay")
     if not lo < hi:
         raise ConfigError(f"split scores need lo < hi, got [{lo!r}, {hi!r}]")
-    hashes = _hashes_of(&pos._hasher, keys)
-    n = hashes.shape[0]
-    darr, ds = _f64_arg(deltas, n, "deltas")
-    if now_ms is None:
-        now_ms = pos._now(None)
-    tarr, ts = _time_arr(now_ms, n)
-    if want_scores:
-        res = np.empty(n, dtype=np.float64)
-        outp = <double*>cnp.PyArray_DATA(res)
-    if n == 0:
-        return res
-    hv = hashes
-    dv = darr
-    tv = tarr
-    with nogil:
-        _split_run(pos, neg, &hv[0], n, &dv[0], ds, &tv[0], ts, lo, hi, outp)
-    return res
+    a = _batch_args(&pos._hasher, keys, deltas, 0.0, pos._now(None) if now_ms is None else now_ms,
+                    1 if want_scores else 0)
+    if a.n:
+        with nogil:
+            _split_run(pos, neg, a.hs, a.n, a.dv, a.ds, a.tv, a.ts, lo, hi, a.outf)
+    return a.res
 
 
 def _exact_reference(key_ids, deltas, now_ms, Py_ssize_t n_keys, double lambda_per_s,
@@ -1428,36 +1440,12 @@ cdef class Rotator:
             start = end
 
     cdef object _batch(self, keys, deltas, limits, now_ms, int op, int out):
-        cdef const uint64_t[::1] hv
-        cdef const double[::1] dv
-        cdef const double[::1] lv
-        cdef const int64_t[::1] tv
-        cdef Py_ssize_t n, ds = 0, ls = 0, ts
-        cdef cnp.ndarray res = None
-        cdef double* outf = NULL
-        cdef uint8_t* outb = NULL
-        hashes = _hashes_of(&self._hasher, keys)
-        n = hashes.shape[0]
-        darr, ds = _f64_arg(deltas, n, "deltas")
-        larr, ls = _f64_arg(limits, n, "limit")
-        if now_ms is None:
-            now_ms = self._now(None)
-        tarr, ts = _time_arr(now_ms, n)
-        if out == 1:
-            res = np.empty(n, dtype=np.float64)
-            outf = <double*>cnp.PyArray_DATA(res)
-        elif out == 2:
-            res = np.empty(n, dtype=np.bool_)
-            outb = <uint8_t*>cnp.PyArray_DATA(res)
-        if n == 0:
-            return res
-        hv = hashes
-        dv = darr
-        lv = larr
-        tv = tarr
-        with nogil:
-            self._run(&hv[0], n, &dv[0], ds, &tv[0], ts, &lv[0], ls, op, outf, outb)
-        return res
+        cdef BatchArgs a = _batch_args(&self._hasher, keys, deltas, limits,
+                                       self._now(None) if now_ms is None else now_ms, out)
+        if a.n:
+            with nogil:
+                self._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
+        return a.res
 
     def update_many(self, keys, deltas, now_ms=None):
         """``update`` for each event in order (see ScoreSketch.update_many)."""
