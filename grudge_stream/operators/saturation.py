@@ -34,15 +34,23 @@ class Saturation:
     warning: str | None = None
 
 
-def _decayed_scores(sketch: Any, now_ms: int | None, lam_per_ms: float) -> np.ndarray:
-    """(levels, cells) scores of a ScoreSketch, decayed to now_ms (exponential decay only)."""
+def _cells_and_age(sketch: Any, now_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(levels, cells) scores of a ScoreSketch and each cell's age in ms at now_ms (0 for
+    a cell never written, or without now_ms)."""
     cells = sketch._cells()
     s = np.asarray(cells["score"], dtype=np.float64)
-    if lam_per_ms and now_ms is not None:
-        dt = np.maximum(0, now_ms - cells["last_ms"]).astype(np.float64)
-        dt[cells["last_ms"] == np.iinfo(np.int64).min] = 0.0
-        s = s * np.exp(-lam_per_ms * dt)
-    return s
+    if now_ms is None:
+        return s, np.zeros_like(s)
+    last = cells["last_ms"]
+    age = np.maximum(0, now_ms - last).astype(np.float64)
+    age[last == np.iinfo(np.int64).min] = 0.0
+    return s, age
+
+
+def _decayed_scores(sketch: Any, now_ms: int | None, lam_per_ms: float) -> np.ndarray:
+    """Scores decayed to now_ms (exponential decay only)."""
+    s, age = _cells_and_age(sketch, now_ms)
+    return s * np.exp(-lam_per_ms * age) if lam_per_ms else s
 
 
 def score_saturation(sketch: Any, now_ms: int | None, *, raise_at: float, lam_per_ms: float,
@@ -84,13 +92,9 @@ def bucket_saturation(sketch: Any, now_ms: int | None, *, rate_per_s: float, bur
                       name: str = "buckets") -> list[Saturation]:
     """A token-bucket ScoreSketch (debt per cell, linear refill): cells in debt and the
     chance that a key with no requests of its own is refused a request of cost 1."""
-    cells = sketch._cells()
-    debt = np.asarray(cells["score"], dtype=np.float64)
-    if now_ms is not None and rate_per_s > 0:
-        last = cells["last_ms"]
-        dt = np.maximum(0, now_ms - last).astype(np.float64)
-        dt[last == np.iinfo(np.int64).min] = 0.0
-        debt = np.maximum(0.0, debt - rate_per_s * dt / 1000.0)
+    debt, age = _cells_and_age(sketch, now_ms)
+    if rate_per_s > 0:
+        debt = np.maximum(0.0, debt - rate_per_s * age / 1000.0)
     levels, m = debt.shape
     full = (debt > burst - 1.0).mean(axis=1)
     p_false = float(np.prod(full))

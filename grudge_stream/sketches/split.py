@@ -136,7 +136,7 @@ class SplitScoreSketch:
         split_apply(self.pos, self.neg, [key], delta, now_ms, self.lo, self.hi, False)
 
     def query_many(self, keys: Any, now_ms: Any = None) -> np.ndarray:
-        hashes = self.pos.key_hashes(keys) if not _is_hashes(keys) else keys
+        hashes = self.pos.key_hashes(keys)  # a uint64 hash array passes through as is
         if now_ms is None:
             now_ms = self.pos.clock.now_ms()
         diff = self.pos.query_many(hashes, now_ms) - self.neg.query_many(hashes, now_ms)
@@ -190,8 +190,4 @@ class SplitScoreSketch:
         sk = cls.__new__(cls)
         sk.pos, sk.neg, sk.lo, sk.hi = pos, neg, lo, hi
         return sk
-
-
-def _is_hashes(keys: Any) -> bool:
-    return isinstance(keys, np.ndarray) and keys.ndim == 1 and keys.dtype == np.uint64
 
