@@ -8,11 +8,12 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-unit bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean
+.PHONY: help install test test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV), start a local Kafka broker, run pytest"
 	@echo "make demo          local broker + abuse-score worker + traffic; prints the alerts as they arrive"
+	@echo "make example       the example gateway (examples/gateway): a client blocked, forgiven, denied by hand"
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
 	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
 	@echo "make bench-kafka   runtime benchmarks against a local broker (Faust, batch runtime, checkpoints, latency)"
@@ -51,6 +52,10 @@ DEMO_ARGS ?=
 demo: install
 	$(RUN_INSTALLED) grudge_stream.devkafka jars
 	$(BIN)/grudge-stream demo $(DEMO_ARGS)
+
+example: install
+	$(RUN_INSTALLED) grudge_stream.devkafka jars
+	cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/examples/gateway/drive.py"
 
 # Sketch benchmarks (no broker); the runtime ones need Kafka: `make bench-kafka`.
 SKETCH_BENCHES := bench_hash bench_score bench_countmin bench_bloom

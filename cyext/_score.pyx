@@ -152,6 +152,24 @@ cdef inline void k_index(const Core* c, gs_cell* t, uint64_t h, uint32_t* idx) n
         gs_prefetch(t + <size_t>i * c.M + idx[i])
 
 
+cdef inline double k_peek(const Core* c, const gs_cell* t, const uint32_t* idx, int64_t now,
+                          double* levels) noexcept nogil:
+    """What OP_QUERY returns for one key's L cells, with nothing written: each cell decayed
+    to ``now`` (the same cell_decayed steps, so the values are bit-identical)."""
+    cdef uint32_t i
+    cdef const gs_cell* cell
+    cdef double s, acc = 0.0
+    cdef DCache dc
+    dc.dt = 0
+    dc.f = 1.0
+    for i in range(c.L):
+        cell = t + <size_t>i * c.M + idx[i]
+        s = cell_decayed(c, cell.score, cell.last_ms, now, &dc)
+        levels[i] = s
+        acc = agg_fold(c.agg, acc, s, i)
+    return agg_finish(c, acc)
+
+
 cdef inline double k_op(const Core* c, gs_cell* t, const uint32_t* idx, int64_t now,
                         double delta, int op, double limit, double penalty, bint* admitted,
                         DCache* dc, double* levels) noexcept nogil:
@@ -775,6 +793,24 @@ cdef class ScoreSketch:
         return QueryDetail(r, tuple([lv[i] for i in range(self._core.L)]),
                            tuple([idx[i] for i in range(self._core.L)]))
 
+    def peek_detailed(self, key, now_ms):
+        """``query_detailed(key, now_ms)`` without writing anything: the cells keep their
+        stored values and stamps, and the watermark does not move. For reads that must
+        not change the state (a live query beside a worker whose snapshots must equal a
+        replay's); ``now_ms`` is required (the watermark, typically)."""
+        cdef uint32_t idx[MAXL]
+        cdef double lv[MAXL]
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef int64_t now = _time_arg(now_ms)
+        cdef double r
+        cdef uint32_t i
+        k_index(&self._core, self._table, h, idx)
+        gs_lock_acquire_gil(&self._lock)
+        r = k_peek(&self._core, self._table, idx, now, lv)
+        gs_lock_release(&self._lock)
+        return QueryDetail(r, tuple([lv[i] for i in range(self._core.L)]),
+                           tuple([idx[i] for i in range(self._core.L)]))
+
     def _bucket_allow(self, key, double cost, double limit, double penalty, now_ms=None):
         """Token-bucket step (see grudge_stream.recipes): try_update(cost, limit); on
         refusal add ``penalty``; return (allowed, retry_after_ms or -1, debt after)."""
@@ -883,6 +919,7 @@ cdef class ScoreSketch:
         cdef ScoreSketch other = ScoreSketch.__new__(ScoreSketch)
         arr, wm = self._cells_copy()
         other._setup(self._config, self._clock)
+        other._hasher = self._hasher  # a secret key set with use_hash_key comes along
         memcpy(other._table, cnp.PyArray_DATA(arr), 16 * self._ncells)
         other._watermark = wm
         return other
@@ -1491,6 +1528,7 @@ cdef class Rotator:
         cdef Rotator other = Rotator.__new__(Rotator)
         arr, state = self._state_copy()
         other._setup(self._config, self._clock)
+        other._hasher = self._hasher  # a secret key set with use_hash_key comes along
         other._load(<const char*>cnp.PyArray_DATA(arr), state)
         return other
 

@@ -6,7 +6,10 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.topology import Settings, load_topology
@@ -99,6 +102,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
                                create_source=args.create_source, timestamp_bounds=True, client_config=conf)
     check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf)
+    from grudge_stream.overrides import start_override_follower
+
+    start_override_follower(topology, settings.bootstrap_servers, conf)  # before any partition is restored
     if runtime == "batch":
         from grudge_stream.replay.live import run_batch_worker
 
@@ -119,10 +125,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
             super().on_setup_root_logger(logger, level)
             logsetup.install(logger, json_lines=args.log_format == "json")
 
+    from grudge_stream.repartition import start_stage
+
     app = build_app(topology, settings)
     worker = Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
     _tune_gc()
-    worker.execute_from_commandline()
+    runtime = app.grudge_runtime  # type: ignore[attr-defined]
+    # A topology keyed by a field: its repartition stage (a thread with its own clients).
+    stage = start_stage(topology, settings, metrics=runtime.metrics, liveness=runtime.liveness,
+                        client_config=conf)
+    try:
+        worker.execute_from_commandline()
+    finally:
+        if stage is not None:
+            stage.stop()
     return 0
 
 
@@ -138,7 +154,10 @@ def cmd_topics(args: argparse.Namespace) -> int:
             f"source topic {topology.source_topic!r} exists with {n} partitions, not {args.partitions}: "
             "grudge-stream does not change a topic's partition count (keys would move between sketches; "
             "docs/checkpoints.md)")
-    print(f"{topology.source_topic}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
+    rp = topology.extra.get("repartition")
+    source = (topology.source_topic if rp is None
+              else f"{rp.source_topic} (re-keyed by {rp.key_field!r} into {rp.topic})")
+    print(f"{source}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
           f"snapshots {topology.snapshot_topic}")
     return 0
 
@@ -189,6 +208,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.output != "topology":
             sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides)
         conf = _connect(settings)
+        from grudge_stream.overrides import start_override_follower
+
+        start_override_follower(topology, settings.bootstrap_servers, conf)  # as the live workers judge
         if args.output == "topology":
             sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides, client_config=conf)
         report = replay(topology, settings.bootstrap_servers, start=start,
@@ -202,6 +224,149 @@ def cmd_replay(args: argparse.Namespace) -> int:
                       "snapshots": report.snapshots, "start": report.start, "end": report.end}),
           file=sys.stderr if args.output in ("-", "stdout") else sys.stdout)
     return 0
+
+
+def _alert_line(state, change: str | None = None) -> str:
+    key = state.key.decode("utf-8", "backslashreplace")
+    a = state.alert or {}
+    parts = [change or "raised", key]
+    if a.get("score") is not None:
+        parts.append(f"score={a['score']:.4g}")
+    if a.get("event_time_ms") is not None:
+        parts.append("since=" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(a["event_time_ms"] / 1000)))
+    if state.override is not None:
+        exp = state.override.expires_ms
+        parts.append(f"override={state.override.action}" + (
+            "" if exp is None else " until=" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp / 1000))))
+    return "  ".join(parts)
+
+
+def _alert_json(state, change: str | None = None) -> str:
+    from grudge_stream.operators.alerts import key_fields
+
+    body = {**key_fields(state.key), "raised": state.raised, "reason": state.reason, "alert": state.alert,
+            "override": None if state.override is None else state.override._asdict()}
+    if change is not None:
+        body["change"] = change
+    return json.dumps(body, separators=(",", ":"))
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    """The topology's current raised set (from its alert state and overrides topics)."""
+    from grudge_stream.client import AlertView
+
+    settings = _settings(args)
+    conf = _connect(settings)
+    fmt = _alert_json if args.json else _alert_line
+    lock = threading.Lock()
+
+    def show(change):
+        def cb(_key, state):
+            with lock:
+                print(fmt(state, change), flush=True)
+        return cb
+
+    view = AlertView.for_topology(args.topology, settings, client_config=conf,
+                                  on_raise=show("raised"), on_clear=show("cleared"))
+    view.start(timeout_s=args.timeout)
+    try:
+        with lock:
+            current = sorted(view.raised().values(), key=lambda s: s.key)
+            for state in current:
+                print(fmt(state), flush=True)
+            if not args.json:
+                print(f"# {len(current)} raised ({view.state_topic}"
+                      + (f", overrides {view.overrides_topic}" if view.overrides_topic else "") + ")",
+                      file=sys.stderr, flush=True)
+        if args.follow:
+            stop = threading.Event()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            stop.wait()
+    finally:
+        view.stop()
+    return 0
+
+
+def cmd_override(args: argparse.Namespace) -> int:
+    """Publish an allow / deny entry (or clear one) on the topology's overrides topic."""
+    from confluent_kafka import Producer
+
+    from grudge_stream.client import topology_topics
+    from grudge_stream.overrides import OVERRIDES_TOPIC_CONFIG, encode_override, parse_duration
+    from grudge_stream.topics import create_topics
+
+    settings = _settings(args)
+    topics = topology_topics(args.topology, settings)
+    topic = topics["overrides"]
+    if not topic:
+        raise ConfigError(f"topology {args.topology!r} takes no overrides")
+    if args.action == "clear" and args.for_ is not None:
+        raise ConfigError("--for goes with allow or deny")
+    for_ms = parse_duration(args.for_) if args.for_ is not None else None
+    value = None if args.action == "clear" else encode_override(
+        args.action, for_ms=for_ms, reason=args.reason or "", by=args.by or os.environ.get("USER", ""))
+    conf = _connect(settings)
+    create_topics(settings.bootstrap_servers, {topic: (1, dict(OVERRIDES_TOPIC_CONFIG))}, client_config=conf)
+    errors: list = []
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True,
+                         "acks": "all", **conf})
+    producer.produce(topic, key=args.key.encode("utf-8"), value=value,
+                     on_delivery=lambda err, _m: errors.append(err) if err else None)
+    if producer.flush(30) or errors:
+        print(f"grudge-stream override: not delivered to {topic}: {errors[0] if errors else 'timeout'}",
+              file=sys.stderr)
+        return 1
+    what = "cleared" if value is None else args.action + (f" for {args.for_}" if args.for_ else " until cleared")
+    print(f"{args.key}: {what} ({topic})")
+    return 0
+
+
+def _score_line(ans: dict) -> str:
+    key = ans.get("key") if ans.get("key") is not None else "b64:" + str(ans.get("key_b64"))
+    if ans.get("error"):
+        return f"{key}  error={ans['error']}  partition={ans.get('partition')}  {ans.get('message', '')}"
+    parts = [key, f"score={ans['score']:.6g}" if isinstance(ans.get("score"), float) else f"score={ans.get('score')}"]
+    for name in ("raised", "seen", "tokens_available", "partition", "watermark_ms", "next_offset"):
+        if name in ans:
+            parts.append(f"{name}={ans[name]}")
+    parts.append(f"served_by={ans.get('served_by')}")
+    return "  ".join(parts)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Ask a worker for keys' current scores (``/v1/scores``; any worker forwards to the owner)."""
+    import urllib.error
+    import urllib.request
+
+    url = args.url
+    if not url:
+        settings = _settings(args)
+        if (settings.get("seed", None) is None and settings.get("seed_file", None) is None
+                and not settings.get("insecure_public_seed", False)):
+            settings.overrides["seed"] = "0" * 32  # only the web settings are read: no sketch is built
+        load_topology(args.topology, settings)
+        host = settings.get("web_host", "127.0.0.1")
+        url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{settings.get('web_port', 6066)}"
+    body = json.dumps({"keys": args.keys}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        try:
+            with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+                doc = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            doc = json.loads(exc.read() or b"{}")
+    except (OSError, ValueError) as exc:
+        print(f"grudge-stream score: no answer from {url}: {exc}", file=sys.stderr)
+        return 1
+    results = doc.get("results")
+    if not isinstance(results, list):
+        print(f"grudge-stream score: {doc.get('error')}: {doc.get('message')}", file=sys.stderr)
+        return 1
+    for ans in results:
+        print(json.dumps(ans, separators=(",", ":")) if args.json else _score_line(ans), flush=True)
+    return 0 if all(not a.get("error") for a in results) else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -257,6 +422,33 @@ def main(argv: list[str] | None = None) -> int:
                    help="start each partition from its newest snapshot instead of a fresh state")
     r.add_argument("--quiet", action="store_true", help="no progress display")
     r.set_defaults(func=cmd_replay)
+
+    al = sub.add_parser("alerts", help="a topology's currently raised keys (--follow: and every change)")
+    _common(al)
+    al.add_argument("--follow", "-f", action="store_true", help="keep printing raises and clears")
+    al.add_argument("--json", action="store_true", help="one JSON object per line")
+    al.add_argument("--timeout", type=float, default=60.0, help="longest wait for the bootstrap (s)")
+    al.set_defaults(func=cmd_alerts)
+
+    ov = sub.add_parser("override", help="allow or deny a key whatever its score, or clear that")
+    _common(ov)
+    ov.add_argument("action", choices=["allow", "deny", "clear"])
+    ov.add_argument("key", help="the key (UTF-8 text)")
+    ov.add_argument("--for", dest="for_", default=None, metavar="DURATION",
+                    help="expire after this long: 90s, 15m, 1h, 7d (default: until cleared)")
+    ov.add_argument("--reason", default=None, help="why (kept with the entry)")
+    ov.add_argument("--by", default=None, help="who (default $USER)")
+    ov.set_defaults(func=cmd_override)
+
+    sc = sub.add_parser("score", help="keys' current scores from a running worker (any worker: it "
+                        "forwards to the owner); exit 1 if a key could not be answered")
+    _common(sc)
+    sc.add_argument("keys", nargs="+", metavar="KEY", help="the keys (UTF-8 text)")
+    sc.add_argument("--url", default=None, help="a worker's URL (default http://<web_host>:<web_port> "
+                    "of the topology's settings)")
+    sc.add_argument("--json", action="store_true", help="one JSON answer per line")
+    sc.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
+    sc.set_defaults(func=cmd_score)
 
     d = sub.add_parser("demo", help="local broker + abuse-score worker + traffic; prints alerts")
     d.add_argument("--seconds", type=float, default=45.0)

@@ -109,7 +109,8 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
 
 def _traffic_and_alerts(bootstrap: str, topology, seconds: float, rate: float, conf: dict | None = None) -> None:
     conf = {"bootstrap.servers": bootstrap, **(conf or {})}
-    producer = Producer({"linger.ms": 5, **conf})
+    # Kafka's default partitioner (murmur2), as the workers' score queries assume.
+    producer = Producer({"linger.ms": 5, "partitioner": "murmur2_random", **conf})
     consumer = Consumer({"auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 10, **conf,
                          "group.id": f"demo-alert-reader-{uuid.uuid4().hex[:6]}"})
     consumer.subscribe([topology.outputs["alerts"]])

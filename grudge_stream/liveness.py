@@ -18,6 +18,10 @@ What beats:
 - restores, once per partition (before and after), so a rebalance that restores
   many partitions counts as progress.
 
+A background stage of the worker (the repartition stage, ``grudge_stream.repartition``)
+has its own ``Liveness``, attached with :meth:`Liveness.watch`: ``/live`` then fails when
+any of them made no progress for its timeout, and names each part's age.
+
 What does not: a loop blocked in one call (a deadlock, a hung client call), a
 Faust rebalance that never completes (the flow stays stopped), a snapshot write
 or a restore of one partition longer than the timeout. Keep ``liveness_timeout_s``
@@ -38,7 +42,7 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 class Liveness:
-    __slots__ = ("timeout_s", "_last", "_clock")
+    __slots__ = ("timeout_s", "_last", "_clock", "_parts")
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -47,6 +51,11 @@ class Liveness:
         self.timeout_s = float(timeout_s)
         self._clock = clock
         self._last = clock()
+        self._parts: dict[str, Liveness] = {}
+
+    def watch(self, name: str, part: "Liveness") -> None:
+        """Make ``/live`` depend on ``part`` too (a background stage's own progress)."""
+        self._parts[name] = part
 
     @classmethod
     def from_settings(cls, settings) -> "Liveness":
@@ -75,5 +84,13 @@ class Liveness:
         """HTTP status (200 or 503) and JSON body of ``/live``."""
         age = self.age()
         alive = age <= self.timeout_s
-        return (200 if alive else 503), {"live": alive, "last_progress_s": round(age, 3),
-                                         "timeout_s": self.timeout_s}
+        body: dict = {"live": alive, "last_progress_s": round(age, 3), "timeout_s": self.timeout_s}
+        if self._parts:
+            parts = {}
+            for name, part in self._parts.items():
+                page = part.age()
+                parts[name] = {"live": page <= part.timeout_s, "last_progress_s": round(page, 3)}
+                alive = alive and page <= part.timeout_s
+            body["live"] = alive
+            body["parts"] = parts
+        return (200 if alive else 503), body

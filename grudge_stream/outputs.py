@@ -128,7 +128,9 @@ class OutputPublisher:
 
     def _on_delivery(self, err, msg) -> None:
         if err is not None:
-            self._failed.append((err, msg.topic(), msg.key(), msg.value()))
+            ts_type, ts = msg.timestamp()
+            self._failed.append((err, msg.topic(), msg.key(), msg.value(), msg.headers(),
+                                 ts if ts_type == 1 else None))  # 1: a timestamp the record was given
 
     def _undeliverable(self, role: str, topic: str, key: bytes | None, value: bytes | None,
                        reason: str) -> OutputRecord:
@@ -139,20 +141,29 @@ class OutputPublisher:
         return dead_letter_record(self.operator_id, reason, None, key, value, self.dead_letter_limit(),
                                   extra={"output": {"role": role, "topic": topic}})
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None, headers=None,
+                 timestamp_ms: int | None = None) -> None:
         """Produce, or note the client's refusal as a failure that ``flush`` handles."""
+        extra = {}
+        if headers:
+            extra["headers"] = headers
+        if timestamp_ms is not None:
+            extra["timestamp"] = timestamp_ms
         while True:
             try:
-                self.producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
+                self.producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery, **extra)
                 return
             except BufferError:
                 self.producer.poll(0.05)
             except KafkaException as exc:  # refused by the client itself (unknown topic, size, ...)
-                self._failed.append((exc.args[0], topic, key, value))
+                self._failed.append((exc.args[0], topic, key, value, headers, timestamp_ms))
                 return
 
-    def _send(self, role: str, topic: str, key: bytes | None, value: bytes) -> None:
-        size = len(value) + (len(key) if key is not None else 0)
+    def _send(self, role: str, topic: str, key: bytes | None, value: bytes | None, headers=None,
+              timestamp_ms: int | None = None) -> None:
+        size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        if headers:
+            size += sum(len(k) + len(v or b"") for k, v in headers)
         room = self._room.get(topic)
         if room is not None and size > room:
             if topic == self.dead_letter_topic:
@@ -160,8 +171,8 @@ class OutputPublisher:
             dl = self._undeliverable(role, topic, key, value,
                                      f"output of {size} bytes exceeds {topic}'s max.message.bytes "
                                      f"({self.limits[topic]})")
-            topic, key, value = self.dead_letter_topic, dl.key, dl.value
-        self._produce(topic, key, value)
+            topic, key, value, headers, timestamp_ms = self.dead_letter_topic, dl.key, dl.value, None, None
+        self._produce(topic, key, value, headers, timestamp_ms)
 
     def publish(self, records: Iterable[OutputRecord]) -> int:
         n = 0
@@ -171,7 +182,7 @@ class OutputPublisher:
                 topic = topics.get(rec.role)
                 if topic is None:
                     continue  # the topology does not publish this role
-                self._send(rec.role, topic, rec.key, rec.value)
+                self._send(rec.role, topic, rec.key, rec.value, rec.headers, rec.timestamp_ms)
                 self.sent[rec.role] = self.sent.get(rec.role, 0) + 1
                 n += 1
         except BaseException as exc:
@@ -199,13 +210,13 @@ class OutputPublisher:
     def _handle_failures(self) -> int:
         """Re-send or dead-letter what the broker refused; returns how many were handled."""
         failed, self._failed = self._failed, []
-        for err, topic, key, value in failed:
+        for err, topic, key, value, headers, ts in failed:
             if topic == self.dead_letter_topic:
                 # The dead letter itself was refused: try again (the snapshot waits meanwhile).
                 self._log(logging.ERROR, "dlq:" + topic, "dead letter to %s not delivered (%s); retrying", topic, err)
                 self._produce(topic, key, value)
             elif err.retriable() or self.dead_letter_topic is None:
-                self._produce(topic, key, value)
+                self._produce(topic, key, value, headers, ts)
             else:
                 dl = self._undeliverable(self._role_of(topic), topic, key, value,
                                          f"output to {topic} failed: {err.str()}")

@@ -300,6 +300,12 @@ COMMON: list[Setting] = [
       "transaction (default transaction_timeout_s + 30)", "s", min=0),
     S("web_host", "str", "127.0.0.1", "address of /ready, /live and /metrics"),
     S("web_port", "int", 6066, "port of /ready, /live and /metrics", min=0, max=65535),
+    S("key_partitioner", "choice", "murmur2", "how producers partition the source topic by key, for live "
+      "score queries to find a key's partition: murmur2 (Kafka's default: Java, Kafka Streams, Faust, "
+      "confluent-kafka with partitioner=murmur2_random) or crc32 (librdkafka's default consistent_random)",
+      choices=("murmur2", "crc32")),
+    S("advertised_url", "str", None, "the URL other workers forward score queries to (default "
+      "http://<web_host>:<web_port>)"),
     S("web_enabled", "bool", True, "Faust runtime: serve the web pages"),
     S("partitions", "int", 8, "Faust runtime: partitions of topics it creates", min=1),
     S("replication_factor", "int", 1, "replication factor of topics the worker creates", min=1),

@@ -6,6 +6,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from grudge_stream.checkpoint import SNAPSHOT_TOPIC_CONFIG
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.overrides import ALERT_STATE_TOPIC_CONFIG, OVERRIDES_TOPIC_CONFIG
 from grudge_stream.topology import Topology
 
 
@@ -91,6 +92,15 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
 
     ``timestamp_bounds``: a source topic created here gets ``source_topic_config`` (what
     ``grudge-stream topics`` and ``worker --create-source`` do)."""
+    rp = topology.extra.get("repartition")
+    if rp is not None:
+        # Re-keyed by a field: the source producers write, and the repartition topic the
+        # operators read (its source_topic), with the source's partition count.
+        from grudge_stream.repartition import ensure_repartition_topic
+
+        ensure_repartition_topic(rp, bootstrap_servers, create_source=create_source, partitions=partitions,
+                                 source_config=source_topic_config(topology) if timestamp_bounds else None,
+                                 client_config=client_config)
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
     n = topic_partitions(admin, topology.source_topic)
     if n is None:
@@ -104,6 +114,10 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
                       {topology.source_topic: (n, source_topic_config(topology) if timestamp_bounds else {})},
                       client_config=client_config)
     specs: dict[str, tuple[int, dict]] = {t: (n, {}) for t in set(topology.outputs.values())}
+    if "alert_state" in topology.outputs:
+        specs[topology.outputs["alert_state"]] = (n, dict(ALERT_STATE_TOPIC_CONFIG))
+    if topology.overrides_topic:
+        specs[topology.overrides_topic] = (1, dict(OVERRIDES_TOPIC_CONFIG))
     specs[topology.snapshot_topic] = (n, dict(SNAPSHOT_TOPIC_CONFIG))
     create_topics(bootstrap_servers, specs, client_config=client_config)
     return n

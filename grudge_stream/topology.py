@@ -40,15 +40,16 @@ def _time_bound(settings: Settings, name: str) -> int | str | None:
     return v
 
 
-def operator_settings(settings: Settings, topology: str) -> dict:
+def operator_settings(settings: Settings, topology: str, hashed: bool = True) -> dict:
     """The settings every operator takes (docs/runtime.md): event-time bounds and their
-    policies, and the secret hash key (required; see grudge_stream.hashkey)."""
+    policies, and the secret hash key (required; see grudge_stream.hashkey). ``hashed=False``:
+    an operator that hashes no public key into a sketch (``heavy_global``) takes none."""
     return {
         "max_future_ms": _time_bound(settings, "max_future_ms"),
         "future_policy": settings.get("future_policy", "clamp"),
         "max_late_ms": _time_bound(settings, "max_late_ms"),
         "late_policy": settings.get("late_policy", "dead_letter"),
-        "hash_key": hash_key_from_settings(settings, topology),
+        "hash_key": hash_key_from_settings(settings, topology) if hashed else None,
     }
 
 
@@ -76,6 +77,9 @@ class Topology:
     extra: dict = field(default_factory=dict)
     app_id: str = ""  # consumer group / Faust app id; "" = grudge-<operator_id>-<source_topic>
     reset_state: bool = False  # adopt changed state-shaping settings by replaying (docs/runtime.md)
+    # Manual allow / deny entries (grudge_stream.overrides); "" = derived from the alerts (or
+    # decisions) topic: "<alerts>-overrides". None = the topology takes no overrides.
+    overrides_topic: str | None = ""
 
     def __post_init__(self) -> None:
         if self.restore_fallback not in RESTORE_FALLBACKS:
@@ -86,6 +90,12 @@ class Topology:
             raise ConfigError("a topology needs a dead_letters output topic")
         if not self.app_id:
             self.app_id = f"grudge-{self.operator_id}-{self.source_topic}"
+        judged = self.outputs.get("alerts") or self.outputs.get("decisions")
+        if "alerts" in self.outputs and "alert_state" not in self.outputs:
+            # The current raised set, compacted and keyed by the key (docs/serving.md).
+            self.outputs["alert_state"] = self.outputs["alerts"] + "-state"
+        if self.overrides_topic == "":
+            self.overrides_topic = f"{judged}-overrides" if judged else None
 
     def output_topic(self, role: str) -> str | None:
         return self.outputs.get(role)

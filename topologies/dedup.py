@@ -1,7 +1,9 @@
 """Streaming dedup: forward each key's first sighting within a memory window, drop repeats.
 
 Events: any records; the dedup key is the record key (``raw``) or a JSON field
-(``key_field``). First sightings are forwarded unchanged to the output topic.
+(``key_field``: by default the worker re-keys the source by it through its
+repartition topic, ``repartition``). First sightings are forwarded unchanged,
+headers and timestamp included, to the output topic.
 A ``ForgettingBloom`` sized for ``capacity`` keys per generation at
 ``fp_rate`` (two generations) remembers a key for at least (G-1)·period_ms
 (one ``period_ms``) while at most ``capacity`` new keys arrive per period: a
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
+from grudge_stream.repartition import SETTING as REPARTITION
+from grudge_stream.repartition import plan as repartition_plan
 from grudge_stream.settings import Setting, identity
 from grudge_stream.sketches.bloom_config import OVERLOAD_MODES
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
@@ -35,6 +39,7 @@ SETTINGS = [
       "(the window shortens, fp rate held) or raise_fp (the window holds, fp rate rises)",
       choices=OVERLOAD_MODES, state=True),
     S("key_field", "str", None, "JSON field holding the id (default: the record key)", state=True),
+    REPARTITION,
 ]
 
 
@@ -46,7 +51,14 @@ def build(settings: Settings) -> Topology:
              "overload": settings.get("overload", "shrink_window")}
     common = operator_settings(settings, "dedup")
     key_field = settings.get("key_field", None)
-    codec = (EventCodec(encoding="raw", **codec_settings(settings)) if key_field is None
+    dead_letters = settings.get("dead_letter_topic", "dedup-dead-letters")
+    # Keyed by a field: the operators read the repartition topic, keyed by it (docs/runtime.md,
+    # "Repartitioning by a field"), so the record key is the id there.
+    rp = repartition_plan(settings, source=source, operator_id=operator_id, key_field=key_field,
+                          dead_letter_topic=dead_letters)
+    if rp is not None:
+        source = rp.topic
+    codec = (EventCodec(encoding="raw", **codec_settings(settings)) if key_field is None or rp is not None
              else EventCodec(key_field=key_field, value_field=None, **codec_settings(settings)))
 
     def make_operator(partition: int) -> DedupOperator:
@@ -59,10 +71,12 @@ def build(settings: Settings) -> Topology:
         make_operator=make_operator,
         outputs={
             "forward": settings.get("output_topic", "dedup-out"),
-            "dead_letters": settings.get("dead_letter_topic", "dedup-dead-letters"),
+            "dead_letters": dead_letters,
         },
         snapshot_topic=settings.get("snapshot_topic", "dedup-snapshots"),
         checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
         restore_fallback=settings.get("restore_fallback", "replay"),
         description="streaming dedup with a forgetting Bloom filter",
+        extra={"repartition": rp} if rp is not None else {},
+        app_id=rp.app_id if rp is not None else "",
     )

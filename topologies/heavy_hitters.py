@@ -2,7 +2,9 @@
 
 Events: one record per request or packet sample, keyed by the source IP
 (``raw`` encoding: the key is all that is read, weight 1), or JSON with a
-``weight`` field when ``encoding=json``.
+``weight`` field when ``encoding=json`` (and the key in ``key_field``, if set:
+the worker then re-keys the source by it through its repartition topic,
+``repartition``).
 
 A ``DecayingCountMin`` (4 x 65536 cells = 1 MiB per partition, counts halving
 every ``epoch_ms``) estimates each IP's decayed request count; an IP is
@@ -16,6 +18,9 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.heavy import HeavyHitterOperator
+from grudge_stream.repartition import SETTING as REPARTITION
+from grudge_stream.repartition import plan as repartition_plan
+from grudge_stream.exceptions import ConfigError
 from grudge_stream.settings import Setting, identity, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
@@ -34,11 +39,16 @@ SETTINGS = [
     S("clear_at", "float", 1000.0, "a raised key is cleared at this decayed count (below raise_at)"),
     S("top_k", "int", 100, "keys per top-k report", min=0, state=True),
     S("report_interval_ms", "int", 10_000, "event time between top-k reports", "ms", min=1),
+    S("key_field", "str", None, "encoding=json: JSON field holding the key (default: the record key)",
+      state=True),
+    REPARTITION,
 ]
 
 
 def validate(v: dict) -> None:
     require_order(v, "clear_at", "raise_at", 0.0)
+    if v.get("key_field") is not None and v.get("encoding", "raw") != "json":
+        raise ConfigError("setting 'key_field' needs encoding=json (a raw record is its key)")
 
 
 def build(settings: Settings) -> Topology:
@@ -49,7 +59,16 @@ def build(settings: Settings) -> Topology:
     common = operator_settings(settings, "heavy_hitters")
     encoding = settings.get("encoding", "raw")
     keys = codec_settings(settings)
-    codec = EventCodec(encoding="raw", **keys) if encoding == "raw" else EventCodec(value_field="weight", **keys)
+    key_field = settings.get("key_field", None)
+    dead_letters = settings.get("dead_letter_topic", "hh-dead-letters")
+    # Keyed by a field: the operators read the repartition topic, keyed by it (docs/runtime.md,
+    # "Repartitioning by a field"), so the record key is the key there.
+    rp = repartition_plan(settings, source=source, operator_id=operator_id, key_field=key_field,
+                          dead_letter_topic=dead_letters)
+    if rp is not None:
+        source = rp.topic
+    codec = (EventCodec(encoding="raw", **keys) if encoding == "raw"
+             else EventCodec(key_field=key_field if rp is None else None, value_field="weight", **keys))
     kwargs = dict(raise_at=settings.get("raise_at", 5000.0), clear_at=settings.get("clear_at", 1000.0),
                   top_k=settings.get("top_k", 100), report_interval_ms=settings.get("report_interval_ms", 10_000))
 
@@ -64,10 +83,12 @@ def build(settings: Settings) -> Topology:
         outputs={
             "alerts": settings.get("alerts_topic", "hh-alerts"),
             "reports": settings.get("reports_topic", "hh-top"),
-            "dead_letters": settings.get("dead_letter_topic", "hh-dead-letters"),
+            "dead_letters": dead_letters,
         },
         snapshot_topic=settings.get("snapshot_topic", "hh-snapshots"),
         checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
         restore_fallback=settings.get("restore_fallback", "replay"),
         description="decayed heavy hitters with alerts and top-k reports",
+        extra={"repartition": rp} if rp is not None else {},
+        app_id=rp.app_id if rp is not None else "",
     )

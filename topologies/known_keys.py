@@ -2,7 +2,9 @@
 
 The source topic carries ``{"event": "seen"}`` for every request and
 ``{"event": "accepted"}`` / ``{"event": "rejected"}`` verdicts that the
-backend writes back, all keyed by the key being checked. Unknown keys go to
+backend writes back, all keyed by the key being checked (or holding it in
+``key_field``: the worker then re-keys them by it through its repartition
+topic, ``repartition``). Unknown keys go to
 the checks topic; known ones are skipped. Only accepted keys are remembered:
 for at least (G-1)·period_ms (one ``period_ms``, two generations) while at
 most ``capacity`` new keys arrive per period. When more arrive, ``overload``
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.knownkeys import EVENTS, KnownKeyOperator
+from grudge_stream.repartition import SETTING as REPARTITION
+from grudge_stream.repartition import plan as repartition_plan
 from grudge_stream.settings import Setting, identity
 from grudge_stream.sketches.bloom_config import OVERLOAD_MODES
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
@@ -33,6 +37,8 @@ SETTINGS = [
     S("overload", "choice", "shrink_window", "more than `capacity` new keys in a period: shrink_window "
       "(the window shortens: more re-checks) or raise_fp (the window holds, fp rate rises: more skips)",
       choices=OVERLOAD_MODES, state=True),
+    S("key_field", "str", None, "JSON field holding the key (default: the record key)", state=True),
+    REPARTITION,
 ]
 
 
@@ -44,7 +50,16 @@ def build(settings: Settings) -> Topology:
              "overload": settings.get("overload", "shrink_window")}
     common = operator_settings(settings, "known_keys")
 
-    codec = EventCodec(value_field="event", outcomes=EVENTS, allow_numbers=False, **codec_settings(settings))
+    key_field = settings.get("key_field", None)
+    dead_letters = settings.get("dead_letter_topic", "known-keys-dead-letters")
+    # Keyed by a field: the operators read the repartition topic, keyed by it (docs/runtime.md,
+    # "Repartitioning by a field"), so the record key is the key there.
+    rp = repartition_plan(settings, source=source, operator_id=operator_id, key_field=key_field,
+                          dead_letter_topic=dead_letters)
+    if rp is not None:
+        source = rp.topic
+    codec = EventCodec(key_field=key_field if rp is None else None, value_field="event", outcomes=EVENTS,
+                       allow_numbers=False, **codec_settings(settings))
 
     def make_operator(partition: int) -> KnownKeyOperator:
         return KnownKeyOperator(operator_id=operator_id, source_topic=source, partition=partition, bloom=bloom,
@@ -56,10 +71,12 @@ def build(settings: Settings) -> Topology:
         make_operator=make_operator,
         outputs={
             "checks": settings.get("checks_topic", "known-keys-checks"),
-            "dead_letters": settings.get("dead_letter_topic", "known-keys-dead-letters"),
+            "dead_letters": dead_letters,
         },
         snapshot_topic=settings.get("snapshot_topic", "known-keys-snapshots"),
         checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
         restore_fallback=settings.get("restore_fallback", "replay"),
         description="known-key cache in front of a backend check",
+        extra={"repartition": rp} if rp is not None else {},
+        app_id=rp.app_id if rp is not None else "",
     )

@@ -2,12 +2,14 @@
 
 Events (JSON, keyed by the API key or tenant)::
 
-    {"cost": 1}        # the request's cost in tokens (default field "cost")
+    {"cost": 1, "request_id": "r-81"}   # cost in tokens (field "cost", default_cost when absent)
 
 Each key has a token bucket refilled at ``rate_per_s`` (10) up to ``burst``
 (20); a request is allowed iff the bucket holds its cost. Every request gets a
-decision on the decisions topic: ``{"allowed": false, "retry_after_ms": 380,
-...}``. Keys come from the public: SipHash under a secret ``seed``.
+decision on the decisions topic (``{"id": ..., "request_id": "r-81", "allowed":
+false, "retry_after_ms": 380, ...}``, the request id from the ``request-id``
+header or the ``request_id`` field, null without one) or, when it is malformed,
+a dead letter. Keys come from the public: SipHash under a secret ``seed``.
 
 Settings: ``grudge-stream describe rate_limit`` (``SETTINGS`` below, plus the settings
 every topology takes, docs/runtime.md).
@@ -15,7 +17,7 @@ every topology takes, docs/runtime.md).
 from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
-from grudge_stream.operators.ratelimit import RateLimitOperator
+from grudge_stream.operators.ratelimit import RateLimitOperator, RequestCodec
 from grudge_stream.settings import Setting, identity
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
@@ -31,6 +33,12 @@ SETTINGS = [
     S("cells_per_level", "int", 100_000, "sketch cells per level", min=1, state=True),
     S("emit", "choice", "all", "decisions to publish", choices=("all", "denials")),
     S("cost_field", "str", "cost", "JSON field holding a request's cost", state=True),
+    S("default_cost", "float", 1.0, "the cost of a request without a cost field (a present but invalid "
+      "cost is a dead letter)", "tokens", min=0),
+    S("request_id_header", "str", "request-id", "record header echoed as the decision's request_id "
+      "(wins over the field; empty: headers are not read)"),
+    S("request_id_field", "str", "request_id", "JSON field echoed as request_id when the header is absent "
+      "(empty: none)"),
 ]
 
 
@@ -45,9 +53,13 @@ def build(settings: Settings) -> Topology:
         cells_per_level=settings.get("cells_per_level", 100_000),
         hasher="siphash",
         emit=settings.get("emit", "all"),
+        default_cost=settings.get("default_cost", 1.0),
+        request_id_header=settings.get("request_id_header", "request-id") or None,
+        request_id_field=settings.get("request_id_field", "request_id") or None,
     )
     common = operator_settings(settings, "rate_limit")
-    codec = EventCodec(value_field=settings.get("cost_field", "cost"), **codec_settings(settings))
+    codec = RequestCodec.of(EventCodec(value_field=settings.get("cost_field", "cost"), **codec_settings(settings)),
+                            params["default_cost"], params["request_id_field"])
 
     def make_operator(partition: int) -> RateLimitOperator:
         return RateLimitOperator(operator_id=operator_id, source_topic=source, partition=partition,

@@ -13,9 +13,11 @@ process, checkpoint) and in the operators. What this module adds to Faust:
 - an agent that takes batches of events (``take_events``), groups them by
   partition, runs each partition's operator and publishes its outputs with a
   dedicated confluent-kafka producer (no awaited send per event);
-- a checkpoint timer, revocation and shutdown hooks, ``/ready``, ``/live`` and
-  ``/metrics`` pages; Faust's data directory under the state directory
-  (``grudge_stream.statedir``), never the working directory.
+- a checkpoint timer, revocation and shutdown hooks, ``/ready``, ``/live``,
+  ``/metrics`` and the live score query pages ``/v1/score`` and ``/v1/scores``
+  (``grudge_stream.serving``: read on the event loop between batches); Faust's data
+  directory under the state directory (``grudge_stream.statedir``), never the
+  working directory.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from confluent_kafka.admin import AdminClient
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
+from faust.web import View
 
 from grudge_stream._cyext._ingest import group_records
 from grudge_stream.checkpoint import CheckpointStore, watermarks
@@ -44,6 +47,7 @@ from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition
+from grudge_stream.serving import MembersDirectory, ScoreQueries, advertised_url
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
 
@@ -192,6 +196,15 @@ class GrudgeApp(faust.App):
         return transport
 
 
+def _headers(headers) -> list[tuple[str, bytes]] | None:
+    """aiokafka's header tuple (Faust's message may hold a mapping) as a list; None if empty."""
+    if not headers:
+        return None
+    if hasattr(headers, "items"):
+        return list(headers.items())
+    return list(headers)
+
+
 class FaustRuntime:
     """Per-worker state: the partition slots, the checkpoint store and the output producer."""
 
@@ -228,8 +241,35 @@ class FaustRuntime:
                                        bool(settings.get("group_instance_id", "")))
         self.consumer: Any = None  # the Faust consumer, once it positioned partitions
         self.drain = settings.get("drain", "batch")
+        self.needs_headers = topology.make_operator(0).needs_headers
         if self.drain not in ("batch", "agent"):
             raise ConfigError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
+        # Live score queries (grudge_stream.serving): read on the event loop between batches,
+        # forwarded from an executor thread; the members directory starts with the worker.
+        self.members: MembersDirectory | None = None
+        self.queries = ScoreQueries.from_settings(
+            settings, lambda p: self.slots.get(p) if p in self.assigned else None,
+            lambda: self.partition_count, None)
+
+    def start_members(self) -> None:
+        """Start the members directory (blocking: run it in an executor)."""
+        url = advertised_url(self.settings)
+        try:
+            self.members = MembersDirectory(self.bootstrap, self.topology.app_id,
+                                            self.settings.get("group_instance_id", "") or url, url,
+                                            client_config=self.client_config, runtime="faust",
+                                            source_topic=self.topology.source_topic).start()
+        except Exception as exc:  # noqa: BLE001 - queries then answer for local partitions only
+            log.error("members directory %s-members unavailable (%s): score queries answer for this "
+                      "worker's partitions only", self.topology.app_id, exc)
+            return
+        self.queries.directory = self.members
+        self.publish_members()
+
+    def publish_members(self) -> None:
+        if self.members is not None:
+            # (Also called from the executor thread that starts the directory: copy first.)
+            self.members.publish([p for p in list(self.slots) if p in set(self.assigned)], self.partition_count)
 
     # -- assignment -------------------------------------------------------------------------------
 
@@ -297,6 +337,7 @@ class FaustRuntime:
             if start is not None:
                 await consumer.seek_from_consumer_thread(tp, start)
         self.metrics.restored.set(len([p for p in self.assigned if p in self.slots]))
+        self.publish_members()
 
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         parts = self._source_partitions(revoked)
@@ -311,6 +352,7 @@ class FaustRuntime:
                 self.commit_limits.pop(TP(self.topology.source_topic, p), None)
         self.assigned -= parts
         self.metrics.restored.set(len([p for p in self.assigned if p in self.slots]))
+        self.publish_members()
 
     @property
     def ready(self) -> bool:
@@ -339,7 +381,8 @@ class FaustRuntime:
             for ev in events:
                 m = ev.message
                 by_partition[m.partition].append(SourceRecord(
-                    topic, m.partition, m.offset, int(round(m.timestamp * 1000)), m.key, m.value))
+                    topic, m.partition, m.offset, int(round(m.timestamp * 1000)), m.key, m.value,
+                    _headers(m.headers)))
             with self._processing():
                 for p, records in by_partition.items():
                     slot = self.slots.get(p)
@@ -358,6 +401,17 @@ class FaustRuntime:
         async with self.lock:
             topic = self.topology.source_topic
             with self._processing():
+                if self.needs_headers:
+                    # Forwarding operators read headers: SourceRecords for them only.
+                    for p, recs in batch.items():
+                        slot = self.slots.get(p)
+                        if slot is None:
+                            continue
+                        outputs = slot.process([SourceRecord(topic, p, r.offset, r.timestamp, r.key, r.value,
+                                                             _headers(r.headers)) for r in recs])
+                        if outputs:
+                            self.publisher.publish(outputs)
+                    batch = {}
                 for p, (offs, tss, keys, vals) in group_records(batch).items():
                     slot = self.slots.get(p)
                     if slot is None:
@@ -424,6 +478,8 @@ class FaustRuntime:
         except DeliveryError as exc:
             log.error("%s", exc)
         self.store.close()
+        if self.members is not None:
+            await loop.run_in_executor(None, self.members.close)
         if not self.no_more_snapshots:
             log.info("final snapshots written for partitions %s", sorted(self.slots))
 
@@ -500,5 +556,35 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
     @app.page("/metrics")
     async def metrics(web, request):
         return web.bytes(runtime.metrics.render(), content_type="text/plain; version=0.0.4")
+
+    async def score_query(web, request):
+        """Live score queries (grudge_stream.serving): local reads here, on the loop, between
+        batches; forwards from an executor thread."""
+        body = await request.read() if request.method == "POST" else b""
+        queries = runtime.queries
+        parsed = queries.parse_request(request.method, request.path, request.query_string, body, request.headers)
+        if isinstance(parsed[0], int):
+            status, doc, headers = parsed
+        else:
+            keys, forward, single = parsed
+            results, remote = queries.local_part(keys, forward)
+            fwd = (await asyncio.get_running_loop().run_in_executor(None, queries.remote_part, keys, remote)
+                   if remote else {})
+            status, doc, headers = queries.combine(results, fwd, single)
+        return web.json(doc, status=status, headers=headers or None)
+
+    class ScoreView(View):
+        async def get(self, request):
+            return await score_query(self, request)
+
+        async def post(self, request):
+            return await score_query(self, request)
+
+    app.page("/v1/score")(ScoreView)
+    app.page("/v1/scores")(type("ScoresView", (ScoreView,), {}))
+
+    @app.task
+    async def start_members():
+        await asyncio.get_running_loop().run_in_executor(None, runtime.start_members)
 
     return app

@@ -55,6 +55,9 @@ class AlertLatch:
         self.capacity = int(capacity)
         self._raised: dict[bytes, float] = {}
         self.evictions = 0
+        # Keys dropped by the last overflow, until the operator drains them (to tombstone them
+        # on the alert state topic).
+        self.evicted: list[bytes] = []
 
     def __len__(self) -> int:
         return len(self._raised)
@@ -81,26 +84,45 @@ class AlertLatch:
             return "raised"
         return None
 
-    def sweep(self, score_of: Callable[[bytes], float]) -> list[tuple[bytes, float]]:
-        """Re-read every raised key and clear the ones that decayed to clear_at or below."""
+    def force(self, key: bytes, score: float) -> str | None:
+        """Raise ``key`` whatever its score (a deny override); "raised" if it was not."""
+        raised = self._raised
+        was = key in raised
+        raised[key] = score
+        if was:
+            return None
+        if len(raised) > self.capacity:
+            self._shed(protect=key)
+        return "raised"
+
+    def remove(self, key: bytes) -> bool:
+        """Clear ``key`` whatever its score (an allow override); True if it was raised."""
+        return self._raised.pop(key, None) is not None
+
+    def sweep(self, score_of: Callable[[bytes], float],
+              keep: Callable[[bytes], bool] | None = None) -> list[tuple[bytes, float]]:
+        """Re-read every raised key and clear the ones that decayed to clear_at or below
+        (except those ``keep`` says stay raised: denied keys)."""
         cleared = []
         for key in list(self._raised):
             s = score_of(key)
-            if s <= self.clear_at:
+            if s <= self.clear_at and not (keep is not None and keep(key)):
                 del self._raised[key]
                 cleared.append((key, s))
             else:
                 self._raised[key] = s
         return cleared
 
-    def _shed(self) -> None:
+    def _shed(self, protect: bytes | None = None) -> None:
         keep = (self.capacity * 9) // 10
         drop = len(self._raised) - keep
         # Lowest scores first; ties broken by key bytes so the result is deterministic.
-        victims = sorted(self._raised.items(), key=lambda kv: (kv[1], kv[0]))[:drop]
+        victims = sorted(((k, s) for k, s in self._raised.items() if k != protect),
+                         key=lambda kv: (kv[1], kv[0]))[:drop]
         for k, _ in victims:
             del self._raised[k]
         self.evictions += len(victims)
+        self.evicted.extend(k for k, _ in victims)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -132,7 +154,7 @@ class AlertLatch:
         self._raised = raised
 
     def make_alert(self, *, operator_id: str, key: bytes, state: str, score: float, event_time_ms: int,
-                   topic: str, partition: int, offset: int) -> bytes:
+                   topic: str, partition: int, offset: int, override: str | None = None) -> bytes:
         body = {
             "alert_id": alert_id(operator_id, partition, offset, state, key),
             "operator": operator_id,
@@ -143,4 +165,6 @@ class AlertLatch:
             "event_time_ms": event_time_ms,
             "source": {"topic": topic, "partition": partition, "offset": offset},
         }
+        if override is not None:
+            body["override"] = override  # raised by a deny entry / cleared by an allow entry
         return json.dumps(body, separators=(",", ":")).encode()

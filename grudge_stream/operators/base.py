@@ -43,7 +43,7 @@ from grudge_stream import envelope
 from grudge_stream.exceptions import ConfigError, MismatchError, SnapshotError
 from grudge_stream.hashkey import HashKey, key_fingerprint
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
 
 SNAPSHOT_VERSION = 1
 FUTURE_POLICIES = ("clamp", "dead_letter")
@@ -94,12 +94,21 @@ def dead_letter_record(operator_id: str, reason: str, source: dict | None, key: 
     field that does not fit is cut, and ``key_bytes``/``key_sha256`` (``value_...``) keep
     its length and digest so the original can be matched on the source topic at
     ``source.partition`` / ``source.offset``.
+
+    ``id`` is the output id (docs/runtime.md, "Output ids") of the source record's dead
+    letter; without a source (an output that could not be delivered) it is a digest of the
+    operator and the output's key and value, so a re-sent copy gets the same id.
     """
     reason = reason if len(reason) <= _REASON_CHARS else reason[:_REASON_CHARS] + "..."
     rkey = key
     if key is not None and len(key) > DEAD_LETTER_KEY_BYTES:
         rkey = b"sha256:" + hashlib.sha256(key).hexdigest().encode()
-    body: dict[str, Any] = {"reason": reason, "operator": operator_id, "source": source}
+    if source is not None and "partition" in source and "offset" in source:
+        oid = output_id(operator_id, source["partition"], source["offset"], "dead_letter", key or b"")
+    else:
+        digest = hashlib.sha256(b"%d:%s%s" % (len(key or b""), key or b"", value or b"")).digest()
+        oid = output_id(operator_id, -1, -1, "undeliverable", digest)
+    body: dict[str, Any] = {"id": oid, "reason": reason, "operator": operator_id, "source": source}
     if extra:
         body.update(extra)
     fixed = len(json.dumps(body, separators=(",", ":"))) + (len(rkey) if rkey else 0) + 400
@@ -122,6 +131,9 @@ class Operator(abc.ABC):
     # Keys of config_dict() that shape the state (the rest is policy: thresholds, emit modes,
     # intervals); a snapshot is only adopted under the same state-shaping settings.
     state_keys: ClassVar[tuple[str, ...]] = ()
+    # True for operators that forward source records (their headers travel on): the runtimes
+    # then hand them SourceRecords with ``headers``; the others get the header-free columns.
+    needs_headers: ClassVar[bool] = False
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int,
                  codec: EventCodec, max_future_ms: int | str | None = AUTO,
@@ -164,6 +176,9 @@ class Operator(abc.ABC):
         self.hash_key = hash_key
         # The dead-letter topic's message limit; runtimes set it from the broker.
         self.dead_letter_limit = DEFAULT_DEAD_LETTER_LIMIT
+        # The source topic's partition count, when a runtime knows it (reports that a merge
+        # over partitions needs carry it); not state: a count change is refused at restore.
+        self.source_partition_count: int | None = None
         self.next_offset: int | None = None
         self.watermark: int | None = None
         # Deterministic functions of the record stream: part of the snapshot.

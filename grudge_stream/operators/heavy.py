@@ -5,8 +5,11 @@ is raised when its estimate reaches ``raise_at`` and cleared at ``clear_at``
 (estimates are count-min upper bounds: a raise can be a false positive
 bounded by ``error_bound``, a heavy key is never missed). Every
 ``report_interval_ms`` of event time the operator emits a ``reports`` record
-with the current top-k. Raised keys that go quiet are cleared by a sweep at
-each report.
+with the top-k at the interval's end (``interval_start_ms``/``interval_end_ms``,
+``k``, the partition and the source's partition count, keyed by the interval
+start): what ``heavy_global`` merges into one global top-k per interval
+(docs/runtime.md, "Global top-k"). Raised keys that go quiet are cleared by a
+sweep at each report.
 """
 from __future__ import annotations
 
@@ -16,9 +19,13 @@ from typing import Any
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import AlertLatch, key_fields
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
 from grudge_stream.operators.saturation import countmin_saturation
 from grudge_stream.operators.stateful import SketchAlertOperator
+
+# A watermark jump over more report intervals than this reports only the latest ones: the
+# global stage has closed the older intervals by grace long before (docs/runtime.md).
+MAX_CATCHUP_REPORTS = 100
 
 
 class HeavyHitterOperator(SketchAlertOperator):
@@ -62,25 +69,47 @@ class HeavyHitterOperator(SketchAlertOperator):
               out: list[OutputRecord]) -> None:
         self.sketch.increment(ev.key, int(ev.value), now_ms=now_ms)
         est = self.sketch.query(ev.key, now_ms=now_ms)
-        state = self.latch.observe(ev.key, float(est))
+        state, override = self._judge(ev.key, float(est), now_ms)
         if state is not None:
-            self._alert(ev.key, state, float(est), now_ms, rec, out)
+            self._alert(ev.key, state, float(est), now_ms, rec, out, override)
 
     def on_timer(self, name: str, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
         self._report(now_ms, rec, out)
 
     def _report(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
         sketch = self.sketch
-        for key, est in self.latch.sweep(lambda k: float(sketch.query(k, now_ms=now_ms))):
-            self._alert(key, "cleared", est, now_ms, rec, out)
-        if self.top_k:
+        self._sweep_latch(lambda k: float(sketch.query(k, now_ms=now_ms)), now_ms, rec, out)
+        if not self.top_k:
+            return
+        # One report per interval end the watermark crossed (the last MAX_CATCHUP_REPORTS of
+        # them), each read at that end: every partition reports every interval, at the same
+        # event time, which is what the global merge (operators/globaltopk.py) needs.
+        interval = self.report_interval_ms
+        first = self.timers["report"] or now_ms // interval * interval
+        last = now_ms // interval * interval
+        for end in range(max(first, last - (MAX_CATCHUP_REPORTS - 1) * interval), last + 1, interval):
+            start = end - interval
             top = [{**key_fields(k if isinstance(k, bytes) else str(k).encode()), "estimate": int(e)}
-                   for k, e in sketch.top(self.top_k, now_ms=now_ms)]
-            body = {"operator": self.operator_id, "partition": self.partition, "event_time_ms": now_ms,
-                    "top": top}
+                   for k, e in sketch.top(self.top_k, now_ms=end)]
+            key = str(start).encode()
+            body = {"id": output_id(self.operator_id, rec.partition, rec.offset, "report", key),
+                    "operator": self.operator_id, "partition": self.partition,
+                    "partitions": self.source_partition_count, "interval_start_ms": start,
+                    "interval_end_ms": end, "event_time_ms": end, "k": self.top_k, "top": top,
+                    "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
             self.counters["reports"] += 1
-            out.append(OutputRecord("reports", None, json.dumps(body, separators=(",", ":")).encode()))
+            # Keyed by the interval start: every partition's report of one interval lands in
+            # the same partition of the reports topic.
+            out.append(OutputRecord("reports", key, json.dumps(body, separators=(",", ":")).encode()))
 
     def saturation(self) -> list:
         return countmin_saturation(self.sketch, raise_at=self.latch.raise_at)
+
+    def describe_key(self, key: bytes) -> dict:
+        """The key's decayed count-min estimate at the watermark (a read: nothing is written),
+        and whether it is raised (a live score query, grudge_stream.serving)."""
+        wm = self.watermark
+        est = int(self.sketch.query(key, now_ms=wm)) if wm is not None else 0
+        return {"kind": self.kind, "score": float(est), "estimate": est, "raised": key in self.latch,
+                "raise_at": self.latch.raise_at, "clear_at": self.latch.clear_at}
 

@@ -11,9 +11,10 @@ both land in the same partition):
 
 For a ``seen`` key the ``ForgettingBloom`` answers: present → counted as
 skipped (no output); absent → a ``checks`` record asks the backend to check
-it. ``accepted`` inserts the key. An accepted key stays known for at least
-(G-1)·period_ms (one ``period_ms`` with the default 2 generations) while at
-most ``capacity`` new keys arrive per period; beyond that rate the bloom's
+it (with the source record's headers and timestamp). ``accepted`` inserts
+the key. An accepted key stays known for at least (G-1)·period_ms (one
+``period_ms`` with the default 2 generations) while at most ``capacity`` new
+keys arrive per period; beyond that rate the bloom's
 ``overload`` setting decides whether the window shrinks (``shrink_window``,
 default: more re-checks, fp rate held) or the fp rate rises (``raise_fp``:
 fewer re-checks, more unknown keys skipped). The error direction is
@@ -28,7 +29,7 @@ from typing import Any
 
 from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id, with_id_header
 from grudge_stream.operators.stateful import BloomOperator
 
 EVENTS = {"seen": 0.0, "accepted": 1.0, "rejected": 2.0}
@@ -37,6 +38,7 @@ EVENTS = {"seen": 0.0, "accepted": 1.0, "rejected": 2.0}
 class KnownKeyOperator(BloomOperator):
     kind = "known_keys"
     state_keys = ("bloom",)
+    needs_headers = True  # a check request carries its source record's headers (tracing ids)
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
                  codec: EventCodec | None = None, **common: Any) -> None:
@@ -72,6 +74,16 @@ class KnownKeyOperator(BloomOperator):
             self.counters["skipped"] += 1
         else:
             self.counters["checks"] += 1
-            body = {"operator": self.operator_id, **key_fields(ev.key), "event_time_ms": now_ms,
+            oid = output_id(self.operator_id, rec.partition, rec.offset, "check", ev.key)
+            body = {"id": oid, "operator": self.operator_id, **key_fields(ev.key), "event_time_ms": now_ms,
                     "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
-            out.append(OutputRecord("checks", ev.key, json.dumps(body, separators=(",", ":")).encode()))
+            # The id also replaces any grudge-id header the source record carried.
+            out.append(OutputRecord("checks", ev.key, json.dumps(body, separators=(",", ":")).encode(),
+                                    with_id_header(rec.headers, oid), rec.timestamp_ms))
+
+    def describe_key(self, key: bytes) -> dict:
+        """Whether the key is known (accepted inside the window: its next ``seen`` skips the
+        check; false positives possible), read at the watermark without rotating."""
+        wm = self.watermark
+        seen = bool(self.bloom.contains(key, now_ms=wm)) if wm is not None else False
+        return {"kind": self.kind, "seen": seen, "known": seen}

@@ -100,9 +100,9 @@ class FeedbackScoreOperator(SketchAlertOperator):
         if late_ms and self._lam_per_ms:
             delta *= math.exp(-self._lam_per_ms * late_ms)
         score = self.sketch.update_and_query(ev.key, delta, now_ms=now_ms)
-        state = self.latch.observe(ev.key, score)
+        state, override = self._judge(ev.key, score, now_ms)
         if state is not None:
-            self._alert(ev.key, state, score, now_ms, rec, out)
+            self._alert(ev.key, state, score, now_ms, rec, out, override)
         if self.emit_scores == "every" or (self.emit_scores == "crossings" and state is not None):
             out.append(OutputRecord("scores", ev.key, _score_record(
                 self.operator_id, ev.key, score, now_ms, rec, state)))
@@ -192,21 +192,24 @@ class FeedbackScoreOperator(SketchAlertOperator):
         latch = self.latch
         high = scores >= latch.raise_at
         hot = hashes[a:b][high]
-        if len(latch):
-            latched = self.sketch.key_hashes(list(latch.keys()))
-            hot = np.concatenate((hot, latched))
+        # Keys already raised can clear, and overridden keys are judged whatever their score.
+        watched = list(latch.keys())
+        if self.overrides is not None and len(self.overrides):
+            watched += [k for k, _ in self.overrides.items()]
+        if watched:
+            hot = np.concatenate((hot, self.sketch.key_hashes(watched)))
         cand = np.flatnonzero(high | np.isin(hashes[a:b], hot)) if len(hot) else np.flatnonzero(high)
         for j in cand.tolist():
             e = a + j
             key = ev_keys[e]
             score = float(scores[j])
-            state = latch.observe(key, score)
+            state, override = self._judge(key, score, int(now[e]))
             if state is None:
                 continue
             i = int(idx[e])
             rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
             out: list[OutputRecord] = []
-            self._alert(key, state, score, int(now[e]), rec, out)
+            self._alert(key, state, score, int(now[e]), rec, out, override)
             if self.emit_scores == "crossings":
                 out.append(OutputRecord("scores", key, _score_record(
                     self.operator_id, key, score, int(now[e]), rec, state)))
@@ -219,18 +222,43 @@ class FeedbackScoreOperator(SketchAlertOperator):
 
     def _sweep(self, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
         sketch = self.sketch
-        for key, score in self.latch.sweep(lambda k: sketch.query(k, now_ms=now_ms)):
-            self._alert(key, "cleared", score, now_ms, rec, out)
+        self._sweep_latch(lambda k: sketch.query(k, now_ms=now_ms), now_ms, rec, out)
 
     def saturation(self) -> list:
         return score_saturation(self.sketch, self.watermark, raise_at=self.latch.raise_at,
                                 lam_per_ms=self._lam_per_ms)
 
+    def describe_key(self, key: bytes) -> dict:
+        """The key's current state, read-only (a live score query, grudge_stream.serving).
+
+        The score at the watermark, as ``query_detailed`` would read it but without writing
+        the decay back (grudge_stream.operators.describe): a query never changes the state
+        a replay of the same records computes. ``detail``: the per-level reads (split mode:
+        both halves, punishment and forgiveness)."""
+        from grudge_stream.operators.describe import score_detail, split_score_detail
+
+        wm = self.watermark
+        if self.score_mode == "split":
+            detail = split_score_detail(self.sketch, key, wm)
+        else:
+            detail = score_detail(self.sketch, key, wm)
+        out = {"kind": self.kind, "score": detail.pop("score"), "detail": detail,
+               "raised": key in self.latch, "raise_at": self.latch.raise_at, "clear_at": self.latch.clear_at}
+        table = self.overrides
+        if table is not None and len(table) and wm is not None:
+            out["override"] = table.action(key, wm)
+        return out
+
 
 
 def _score_record(operator_id: str, key: bytes, score: float, now_ms: int, rec: SourceRecord,
                   state: str | None) -> bytes:
+    """A ``scores`` record; its ``id`` (docs/runtime.md, "Output ids") is the same in every
+    replay of the record, so a consumer drops the copies a restart re-emits."""
+    from grudge_stream.operators.records import output_id
+
     body: dict[str, Any] = {
+        "id": output_id(operator_id, rec.partition, rec.offset, "score", key),
         "operator": operator_id,
         **key_fields(key),
         "score": score,

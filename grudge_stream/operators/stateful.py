@@ -10,17 +10,62 @@ from grudge_stream.operators.records import OutputRecord, SourceRecord
 
 
 class SketchAlertOperator(Operator):
-    """An operator whose state is one sketch (``self.sketch``) and an alert latch (``self.latch``)."""
+    """An operator whose state is one sketch (``self.sketch``) and an alert latch (``self.latch``).
+
+    Every crossing goes out twice: as an event on ``alerts`` and as the key's current
+    state on ``alert_state`` (compacted: the raise alert while raised, a tombstone once
+    cleared or dropped by a latch overflow), from which subscribers bootstrap the
+    raised set (``grudge_stream.client``). ``overrides`` (a
+    ``grudge_stream.overrides.OverrideTable``, set by the runtime) is consulted before
+    the latch: allowed keys are never raised, denied keys always.
+    """
 
     sketch: Any
     latch: AlertLatch
+    overrides: Any = None
+
+    def _judge(self, key: bytes, score: float, now_ms: int) -> tuple[str | None, str | None]:
+        """The latch's verdict on ``key``'s new score, overrides first: ``(state, override)``."""
+        table = self.overrides
+        if table is not None and len(table):
+            action = table.action(key, now_ms)
+            if action == "allow":
+                return ("cleared" if self.latch.remove(key) else None), "allow"
+            if action == "deny":
+                return self.latch.force(key, score), "deny"
+        return self.latch.observe(key, score), None
+
+    def _denied_keys(self, now_ms: int) -> list[bytes]:
+        table = self.overrides
+        return table.denied(now_ms) if table is not None and table.has_denies() else []
+
+    def _sweep_latch(self, score_of, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
+        """Clear the raised keys gone quiet (not the denied ones), and the allowed ones."""
+        table = self.overrides
+        keep = None
+        if table is not None and len(table):
+            for key in list(self.latch.keys()):
+                if table.action(key, now_ms) == "allow":
+                    self.latch.remove(key)
+                    self._alert(key, "cleared", score_of(key), now_ms, rec, out, override="allow")
+            keep = lambda k: table.action(k, now_ms) == "deny"  # noqa: E731
+        for key, score in self.latch.sweep(score_of, keep):
+            self._alert(key, "cleared", score, now_ms, rec, out)
 
     def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
-               out: list[OutputRecord]) -> None:
+               out: list[OutputRecord], override: str | None = None) -> None:
         self.counters["alerts_" + state] += 1
-        out.append(OutputRecord("alerts", key, self.latch.make_alert(
+        body = self.latch.make_alert(
             operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
-            topic=rec.topic, partition=rec.partition, offset=rec.offset)))
+            topic=rec.topic, partition=rec.partition, offset=rec.offset, override=override)
+        out.append(OutputRecord("alerts", key, body))
+        out.append(OutputRecord("alert_state", key, body if state == "raised" else None))
+        evicted = self.latch.evicted
+        if evicted:
+            # Dropped by an overflow without a cleared alert: no longer raised here either.
+            for k in evicted:
+                out.append(OutputRecord("alert_state", k, None))
+            evicted.clear()
 
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]

@@ -28,6 +28,10 @@ they go to the operators in one call per partition.
 - **Health**: ``/ready``, ``/live`` and ``/metrics`` on ``web_host:web_port``; ``/live``
   fails when the consume loop made no progress for ``liveness_timeout_s``
   (``grudge_stream.liveness``).
+- **Live score queries**: ``/v1/score`` and ``/v1/scores`` on the same server
+  (``grudge_stream.serving``): a partition held here is read under its slot's lock,
+  which the loop holds while it processes a batch of that partition; others are
+  forwarded once to the owner the members directory names.
 - **Shutdown**: SIGTERM / SIGINT finish the current batch, write final
   snapshots, commit, and leave the group.
 """
@@ -54,7 +58,8 @@ from grudge_stream.liveness import Liveness
 from grudge_stream.metrics import Metrics
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, checkpoint_slots, restore_partition
-from grudge_stream.replay.runner import FAST_CONSUMER
+from grudge_stream.replay.runner import FAST_CONSUMER, group_source_records
+from grudge_stream.serving import MembersDirectory, ScoreQueries, advertised_url
 from grudge_stream.topology import Settings, Topology
 
 log = logging.getLogger("grudge_stream.batch")
@@ -146,6 +151,10 @@ class BatchWorker:
         self.broker = BrokerProbe(self.client_config, self.topic)
         self.waiting = AssignmentWatch(settings.get("session_timeout_s", 30.0), bool(self.instance_id))
         self._lag_checked = 0.0
+        # Live score queries (grudge_stream.serving): answered from a restored slot under its
+        # lock, or forwarded to the owner the members directory names (started by run()).
+        self.members: MembersDirectory | None = None
+        self.queries = ScoreQueries.from_settings(settings, self._query_slot, lambda: self.partition_count, None)
 
     # -- group membership ------------------------------------------------------------------------
 
@@ -177,6 +186,7 @@ class BatchWorker:
         consumer.assign(partitions)
         self.metrics.assigned.set(len(self.assigned))
         self.metrics.restored.set(len(self.slots))
+        self._publish_members()
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
@@ -194,6 +204,31 @@ class BatchWorker:
         consumer.unassign()
         self.metrics.assigned.set(len(self.assigned))
         self.metrics.restored.set(len(self.slots))
+        self._publish_members()
+
+    # -- live score queries ----------------------------------------------------------------------
+
+    def _query_slot(self, partition: int) -> PartitionSlot | None:
+        """The slot of ``partition`` if this worker holds it restored (called from HTTP threads)."""
+        slot = self.slots.get(partition)
+        return slot if slot is not None and partition in self.assigned else None
+
+    def _start_members(self) -> None:
+        url = advertised_url(self.settings)
+        try:
+            self.members = MembersDirectory(self.bootstrap, self.app_id, self.instance_id or url, url,
+                                            client_config=self.client_config, runtime="batch",
+                                            source_topic=self.topic).start()
+        except Exception as exc:  # noqa: BLE001 - queries then answer for local partitions only
+            log.error("members directory %s-members unavailable (%s): score queries answer for this "
+                      "worker's partitions only", self.app_id, exc)
+            return
+        self.queries.directory = self.members
+        self._publish_members()
+
+    def _publish_members(self) -> None:
+        if self.members is not None:
+            self.members.publish([p for p in self.slots if p in self.assigned], self.partition_count)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -248,18 +283,23 @@ class BatchWorker:
 
     def run(self) -> int:
         self._start_http()
+        self._start_members()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stopping.set())
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
         interval = self.topology.checkpoint_interval_s
         batch_wait = self.batch_max_wait_ms / 1000.0
         topic = self.topic
+        # Forwarding operators read headers: the record path (no columns) for them only.
+        with_headers = self.topology.make_operator(0).needs_headers
         clean = False
         try:
             while not self.stopping.is_set():
                 self.liveness.beat()
                 msgs = self.consumer.consume(self.batch_size, timeout=batch_wait)
-                if msgs:
+                if msgs and with_headers:
+                    self._process_records(msgs)
+                elif msgs:
                     groups, errors = group_messages(msgs)
                     for m in errors:
                         if m.error().code() != KafkaError._PARTITION_EOF:
@@ -268,7 +308,8 @@ class BatchWorker:
                         slot = self.slots.get(p)
                         if slot is None:
                             continue
-                        out = slot.process_columns(topic, offs, tss, keys, vals)
+                        with slot.lock:  # a live query never reads a batch half applied
+                            out = slot.process_columns(topic, offs, tss, keys, vals)
                         if out:
                             self._begin()
                             self.publisher.publish(out)
@@ -289,9 +330,27 @@ class BatchWorker:
                 self.no_more_snapshots = True
             self.stopping.set()
             self.consumer.close()
+            if self.members is not None:
+                self.members.close(clean=clean)
             if self._http is not None:
                 self._http.shutdown()
             self.store.close()
+
+    def _process_records(self, msgs: list) -> None:
+        """One batch as SourceRecords with headers (operators with ``needs_headers``)."""
+        groups, errors = group_source_records(self.topic, msgs)
+        for m in errors:
+            if m.error().code() != KafkaError._PARTITION_EOF:
+                log.warning("consume error: %s", m.error())
+        for p, records in groups.items():
+            slot = self.slots.get(p)
+            if slot is None:
+                continue
+            with slot.lock:
+                out = slot.process(records)
+            if out:
+                self._begin()
+                self.publisher.publish(out)
 
     def _periodic_checkpoint(self) -> None:
         """A checkpoint round whose failure (a broker outage, say) is logged, not fatal: the
@@ -326,12 +385,28 @@ class BatchWorker:
                     self._send(status, json.dumps(live).encode(), "application/json")
                 elif self.path.startswith("/metrics"):
                     self._send(200, worker.metrics.render(), "text/plain; version=0.0.4")
+                elif self.path.startswith("/v1/score"):
+                    self._score(b"")
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
-            def _send(self, status: int, body: bytes, ctype: str) -> None:
+            def do_POST(self) -> None:  # noqa: N802
+                if self.path.startswith("/v1/scores"):
+                    length = int(self.headers.get("Content-Length") or 0)
+                    self._score(self.rfile.read(min(length, 1 << 20)))
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def _score(self, body: bytes) -> None:
+                path, _, query = self.path.partition("?")
+                status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers)
+                self._send(status, json.dumps(doc).encode(), "application/json", headers)
+
+            def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -346,9 +421,17 @@ class BatchWorker:
 
 
 def run_batch_worker(topology: Topology, settings: Settings) -> int:
+    from grudge_stream.repartition import start_stage
+
     worker = BatchWorker(topology, settings)
+    # A topology keyed by a field: its repartition stage feeds the topic the worker reads.
+    stage = start_stage(topology, settings, metrics=worker.metrics, liveness=worker.liveness,
+                        client_config=worker.client_config)
     try:
         return worker.run()
     except CheckpointError as exc:
         log.error("%s", exc)
         return 2
+    finally:
+        if stage is not None:
+            stage.stop()

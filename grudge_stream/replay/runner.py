@@ -12,7 +12,9 @@ State at the start of the range: fresh operators, or with ``--from-snapshot``
 the newest snapshot of each partition (the range then starts at its
 ``next_offset``). Because operators run on event time, replaying the records a
 live worker consumed, from the same starting state, reproduces its snapshots
-byte for byte and the same alert ids.
+byte for byte and the same alert ids. A topology re-keyed by a field reads its
+repartition topic (``Topology.source_topic``): the records its operators
+consumed (docs/runtime.md, "Repartitioning by a field").
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.records import OutputRecord
+from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.replay.ranges import Position, resolve, topic_partitions
 from grudge_stream.topology import Topology
@@ -44,6 +46,25 @@ FAST_CONSUMER = {"fetch.queue.backoff.ms": 1, "queued.min.messages": 200_000,
                  "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024}
 
 
+def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
+    """confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the
+    record path of operators that declare ``needs_headers`` (``group_messages`` gives the
+    header-free columns every other operator reads)."""
+    out: dict[int, list[SourceRecord]] = {}
+    errors = []
+    for m in msgs:
+        if m.error() is not None:
+            errors.append(m)
+            continue
+        p = m.partition()
+        recs = out.get(p)
+        if recs is None:
+            recs = out[p] = []
+        recs.append(SourceRecord(topic, p, m.offset(), m.timestamp()[1], m.key(), m.value(),
+                                 m.headers() or None))
+    return out, errors
+
+
 class JsonlSink:
     """A dry-run sink: one JSON line per output record."""
 
@@ -54,10 +75,13 @@ class JsonlSink:
     def publish(self, records: list[OutputRecord]) -> int:
         w = self.stream.write
         for r in records:
-            try:
-                value = json.loads(r.value)
-            except ValueError:
-                value = {"value_b64": base64.b64encode(r.value).decode()}
+            if r.value is None:
+                value = None  # a tombstone (the key's alert state was cleared)
+            else:
+                try:
+                    value = json.loads(r.value)
+                except ValueError:
+                    value = {"value_b64": base64.b64encode(r.value).decode()}
             w(json.dumps({"role": r.role, "key": None if r.key is None else r.key.decode("utf-8", "replace"),
                           "value": value}, separators=(",", ":")) + "\n")
             self.sent[r.role] = self.sent.get(r.role, 0) + 1
@@ -149,6 +173,7 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
         operators = {}
         for p in partitions:
             op = topology.make_operator(p)
+            op.source_partition_count = len(partitions)
             if from_snapshot:
                 assert store is not None
                 res = store.restore(op.operator_id, p, accept=lambda ref, blob, p=p: topology.make_operator(p).restore(blob))
@@ -165,24 +190,34 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
         total = sum(ends[p] - starts[p] for p in todo)
         done_pp = {p: 0 for p in partitions}
         prog = Progress(total, progress_stream) if progress else None
+        with_headers = any(op.needs_headers for op in operators.values())
         if todo:
             consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(todo)])
         while todo:
             msgs = consumer.consume(batch_size, timeout=1.0)
             if not msgs:
                 continue
-            groups, errors = group_messages(msgs)
+            if with_headers:
+                recs_by_p, errors = group_source_records(topic, msgs)
+                groups = {p: ([r.offset for r in recs], recs) for p, recs in recs_by_p.items()}
+            else:
+                groups, errors = group_messages(msgs)
             for m in errors:
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     raise ConfigError(f"error reading {topic}: {m.error()}")
-            for p, (offs, tss, keys, vals) in groups.items():
+            for p, cols in groups.items():
                 if p not in todo:
                     continue
+                offs = cols[0]
                 cut = bisect_left(offs, ends[p])
                 if cut < len(offs):
-                    offs, tss, keys, vals = offs[:cut], tss[:cut], keys[:cut], vals[:cut]
+                    cols = tuple(c[:cut] for c in cols)
+                    offs = cols[0]
                 if offs:
-                    out = operators[p].process_columns(topic, p, offs, tss, keys, vals)
+                    if with_headers:
+                        out = operators[p].process(cols[1])
+                    else:
+                        out = operators[p].process_columns(topic, p, *cols)
                     if out and sink is not None:
                         sink.publish(out)
                     report.records += len(offs)

@@ -155,6 +155,15 @@ class SplitScoreSketch:
                 "punishment": list(p.level_scores), "forgiveness": list(f.level_scores),
                 "cell_indexes": list(p.cell_indexes)}
 
+    def peek_detailed(self, key: Any, now_ms: int) -> dict:
+        """``query_detailed`` without writing anything (``ScoreSketch.peek_detailed``)."""
+        p = self.pos.peek_detailed(key, now_ms)
+        f = self.neg.peek_detailed(key, now_ms)
+        return {"score": min(self.hi, max(self.lo, p.aggregate - f.aggregate)),
+                "punishment": list(p.level_scores), "forgiveness": list(f.level_scores),
+                "punishment_total": p.aggregate, "forgiveness_total": f.aggregate,
+                "cell_indexes": list(p.cell_indexes)}
+
     def cells_in_use(self) -> tuple[int, int]:
         """Non-zero cells of (punishment, forgiveness)."""
         return (int(np.count_nonzero(self.pos._cells()["score"])),

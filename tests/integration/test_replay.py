@@ -100,6 +100,11 @@ def test_bad_ranges_and_unknown_topics_fail_clearly(harness) -> None:
     r = _cli(h, "--output", "stdout")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
-    assert {x["role"] for x in lines} >= {"alerts", "dead_letters"}
-    assert all(x["role"] in ("alerts", "scores", "dead_letters") for x in lines)
+    assert {x["role"] for x in lines} >= {"alerts", "alert_state", "dead_letters"}
+    assert all(x["role"] in ("alerts", "alert_state", "scores", "dead_letters") for x in lines)
+    # Every alert is mirrored on the alert state topic: the raise itself, or a tombstone.
+    alerts = [x for x in lines if x["role"] == "alerts"]
+    states = [x for x in lines if x["role"] == "alert_state"]
+    assert [a["value"]["alert_id"] for a in alerts if a["value"]["state"] == "raised"] == \
+        [s["value"]["alert_id"] for s in states if s["value"] is not None]
     assert json.loads(r.stderr.strip().splitlines()[-1])["records"] == 3001

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from grudge_stream.devkafka import LocalKafka, SaslSslListener, free_port
 
@@ -201,9 +201,17 @@ def read_raised(conf: dict, topic: str, want: set[str], timeout: float = 60.0) -
 
 def end_offsets(conf: dict, topic: str, partitions: int) -> list[int]:
     c = Consumer({**conf, "group.id": "sec-watermarks"})
+    deadline = time.monotonic() + 30
     try:
-        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in range(partitions)]
+        while True:
+            try:
+                return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                        for p in range(partitions)]
+            except KafkaException as exc:
+                # A topic created a moment ago may not have its leader elected yet.
+                if exc.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         c.close()
 

@@ -584,3 +584,32 @@ def test_suggest_levels_examples_and_errors() -> None:
     ):
         with pytest.raises(ValueError):
             suggest_levels(*args)
+
+
+def test_peek_detailed_equals_query_detailed_and_writes_nothing() -> None:
+    from grudge_stream import Exponential, Linear, ScoreSketch
+
+    for decay in (Exponential(0.05), Linear(0.01)):
+        sk = ScoreSketch(levels=3, cells_per_level=997, decay=decay, lo=-1.0, hi=1.0, seed=5)
+        for i in range(500):
+            sk.update(f"k{i % 50}".encode(), 0.1 if i % 3 else -0.05, now_ms=1_000 + 7 * i)
+        before = sk.to_bytes()
+        for k in (b"k1", b"k7", b"never"):
+            got = sk.peek_detailed(k, 20_000)
+            assert sk.to_bytes() == before  # no decay written back, no watermark moved
+            assert got == sk.copy().query_detailed(k, 20_000)
+
+
+def test_copy_keeps_a_secret_hash_key() -> None:
+    from grudge_stream import NoDecay, ScoreSketch
+    from grudge_stream.sketches import Rotator
+
+    sk = ScoreSketch(levels=2, cells_per_level=101, decay=NoDecay(), lo=0.0, hi=1.0, hasher="siphash", seed=1)
+    sk.use_hash_key(bytes(range(16)))
+    sk.update(b"abuser", 0.5, now_ms=10)
+    assert sk.copy().key_hash(b"abuser") == sk.key_hash(b"abuser")
+    assert sk.copy().query(b"abuser", now_ms=10) == sk.query(b"abuser", now_ms=10)
+    rot = Rotator(levels=2, cells_per_level=101, decay=NoDecay(), lo=0.0, hi=1.0, hasher="siphash", seed=1, generations=2,
+                  period_ms=1000)
+    rot.use_hash_key(bytes(range(16)))
+    assert rot.copy().key_hash(b"abuser") == rot.key_hash(b"abuser")

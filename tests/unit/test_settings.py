@@ -49,7 +49,7 @@ def test_mistakes_are_refused_by_name(flags, env, message) -> None:
 
 
 def test_unknown_topology_lists_the_valid_ones() -> None:
-    with pytest.raises(ConfigError, match="the topologies are: abuse_scores, dedup, heavy_hitters"):
+    with pytest.raises(ConfigError, match="the topologies are: abuse_scores, dedup, heavy_global, heavy_hitters"):
         load("abuse_scorse")
 
 

@@ -15,6 +15,8 @@ SAMPLES = {
     "heavy_hitters": [None, b"", b"x"],
     "dedup": [b"a", b"b", None],
     "known_keys": [b'{"event":"seen"}', b'{"event":"accepted"}', b'{"event":"nope"}'],
+    "heavy_global": [b'{"operator":"hh","partition":1,"partitions":2,"interval_start_ms":0,'
+                     b'"interval_end_ms":1000,"k":1,"top":[{"key":"a","estimate":3}]}', b"junk", None],
 }
 
 
@@ -22,7 +24,7 @@ SAMPLES = {
 def test_topology_runs_and_round_trips(name: str) -> None:
     small = {"abuse_scores": {"cells_per_level": "1000"}, "rate_limit": {"cells_per_level": "1000"},
              "heavy_hitters": {"width": "1024"}, "dedup": {"capacity": "1000"},
-             "known_keys": {"capacity": "1000"}}[name]
+             "known_keys": {"capacity": "1000"}, "heavy_global": {}}[name]
     topo = load_topology(name, Settings({**small, "seed": secrets.token_hex(16)},
                                         environ={}))
     assert "dead_letters" in topo.outputs

@@ -1,0 +1,203 @@
+"""Manual overrides: allow and deny entries that workers apply before their own judgement.
+
+An operator adds them with ``grudge-stream override <topology> allow|deny|clear KEY
+[--for 1h]``; they live on a compacted topic (``Topology.overrides_topic``, one
+partition), keyed by the key, one JSON value per key::
+
+    {"action": "deny", "created_ms": 1764566400000, "expires_ms": 1764570000000,
+     "reason": "ticket 4711", "by": "alice"}
+
+``clear`` writes a tombstone. ``allow`` means "never raised": a raised key is
+cleared, and a key is not raised whatever its score. ``deny`` means "always
+raised". An entry is in force from ``created_ms`` until ``expires_ms`` (none:
+until cleared).
+
+Who applies them:
+
+- **Workers** (``OverrideTable`` fed by a ``TopicFollower``, attached to every
+  operator by ``attach_overrides``) judge each event against the table *at the
+  event's time*: an entry applies to events stamped in ``[created_ms,
+  expires_ms)``. Replaying history therefore applies an entry only to events
+  after it was made, as the live worker did. A worker learns of an entry
+  within a poll (about 100 ms) and acts on it at the key's next event (or the
+  next sweep, for an allowed key already raised); the alert and the alert
+  state topic then say ``"override": "allow"|"deny"``.
+- **The subscriber library** (``grudge_stream.client.AlertView``) applies the
+  entries itself, on wall-clock time, the moment it reads them: a denied key
+  is raised in every subscriber at once, even if the worker never sees
+  another event for it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Iterator, NamedTuple
+
+from grudge_stream.exceptions import ConfigError
+from grudge_stream.follow import TopicFollower
+
+log = logging.getLogger("grudge_stream.overrides")
+
+ACTIONS = ("allow", "deny")
+# One partition: the table is small, read whole by every worker and subscriber, and in order.
+OVERRIDES_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+                          "segment.ms": str(6 * 3600 * 1000)}
+# The current raised set (``alert_state`` output role): compacted, keyed by the alert key.
+ALERT_STATE_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+                            "segment.ms": str(6 * 3600 * 1000)}
+
+
+class Override(NamedTuple):
+    action: str  # "allow" or "deny"
+    created_ms: int
+    expires_ms: int | None
+    reason: str = ""
+    by: str = ""
+
+    def active(self, at_ms: int) -> bool:
+        return self.created_ms <= at_ms and (self.expires_ms is None or at_ms < self.expires_ms)
+
+    def to_json(self, key: bytes) -> dict:
+        from grudge_stream.operators.alerts import key_fields
+
+        return {**key_fields(key), "action": self.action, "created_ms": self.created_ms,
+                "expires_ms": self.expires_ms, "reason": self.reason, "by": self.by}
+
+
+def parse_duration(text: str) -> int:
+    """``90s``, ``15m``, ``1h``, ``7d`` or plain seconds → milliseconds (> 0)."""
+    t = text.strip().lower()
+    units = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    for suffix in ("ms", "s", "m", "h", "d"):
+        if t.endswith(suffix):
+            num, scale = t[: -len(suffix)], units[suffix]
+            break
+    else:
+        num, scale = t, 1000
+    try:
+        v = float(num)
+    except ValueError:
+        raise ConfigError(f"cannot read duration {text!r} (use e.g. 90s, 15m, 1h, 7d)") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise ConfigError(f"duration {text!r} must be positive")
+    return int(v * scale)
+
+
+def encode_override(action: str, *, now_ms: int | None = None, for_ms: int | None = None,
+                    reason: str = "", by: str = "") -> bytes:
+    if action not in ACTIONS:
+        raise ConfigError(f"override action must be one of {ACTIONS}, not {action!r}")
+    created = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    body = {"action": action, "created_ms": created,
+            "expires_ms": None if for_ms is None else created + int(for_ms), "reason": reason, "by": by}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_override(value: bytes) -> Override:
+    """An entry's value; ValueError when it is not one (such entries are logged and ignored)."""
+    body = json.loads(value)
+    if not isinstance(body, dict) or body.get("action") not in ACTIONS:
+        raise ValueError("not an override entry (needs action allow|deny)")
+    created = body.get("created_ms", 0)
+    expires = body.get("expires_ms")
+    if not isinstance(created, int) or (expires is not None and not isinstance(expires, int)):
+        raise ValueError("created_ms and expires_ms must be integer milliseconds")
+    return Override(body["action"], created, expires, str(body.get("reason", ""))[:500],
+                    str(body.get("by", ""))[:200])
+
+
+class OverrideTable:
+    """The current overrides, by key. Written by one follower thread, read by operators:
+    single dict operations, so readers never see a half-applied entry."""
+
+    def __init__(self) -> None:
+        self._entries: dict[bytes, Override] = {}
+        self._denies: dict[bytes, Override] = {}
+        self.version = 0
+        self.ignored = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __bool__(self) -> bool:  # an empty table must not look "absent" to `if table`
+        return True
+
+    def apply(self, key: bytes | None, value: bytes | None) -> tuple[Override | None, Override | None] | None:
+        """Apply one topic record; ``(old, new)`` when the table changed, None otherwise."""
+        if key is None:
+            self.ignored += 1
+            return None
+        old = self._entries.get(key)
+        if value is None:
+            if old is None:
+                return None
+            del self._entries[key]
+            self._denies.pop(key, None)
+            self.version += 1
+            return old, None
+        try:
+            new = decode_override(value)
+        except ValueError as exc:
+            self.ignored += 1
+            log.warning("ignoring an override entry that is not one (%s)", exc)
+            return None
+        self._entries[key] = new
+        if new.action == "deny":
+            self._denies[key] = new
+        else:
+            self._denies.pop(key, None)
+        self.version += 1
+        return old, new
+
+    def get(self, key: bytes) -> Override | None:
+        return self._entries.get(key)
+
+    def action(self, key: bytes, at_ms: int) -> str | None:
+        """``"allow"``, ``"deny"`` or None for ``key`` at time ``at_ms``."""
+        o = self._entries.get(key)
+        return o.action if o is not None and o.active(at_ms) else None
+
+    def denied(self, at_ms: int) -> list[bytes]:
+        """Keys denied at ``at_ms``."""
+        return [k for k, o in list(self._denies.items()) if o.active(at_ms)]
+
+    def has_denies(self) -> bool:
+        return bool(self._denies)
+
+    def items(self) -> Iterator[tuple[bytes, Override]]:
+        return iter(list(self._entries.items()))
+
+
+def start_override_follower(topology, bootstrap_servers: str, client_config: dict | None = None,
+                            wait_s: float = 30.0) -> tuple[OverrideTable, TopicFollower] | None:
+    """Follow ``topology.overrides_topic`` into a table, waiting (up to ``wait_s``) for the
+    entries written so far, and attach it to every operator the topology makes."""
+    topic = getattr(topology, "overrides_topic", "")
+    if not topic:
+        return None
+    table = OverrideTable()
+    follower = TopicFollower(bootstrap_servers, [topic], lambda _t, k, v: table.apply(k, v),
+                             client_config=client_config, name="grudge-overrides").start()
+    if not follower.wait_caught_up(wait_s):
+        log.warning("overrides topic %s not read to its end after %.0f s; starting anyway (entries apply "
+                    "as they arrive)", topic, wait_s)
+    attach_overrides(topology, table)
+    return table, follower
+
+
+def attach_overrides(topology, table: OverrideTable) -> None:
+    """Every operator ``topology.make_operator`` builds from now on judges with ``table``."""
+    make = topology.make_operator
+    if getattr(make, "_grudge_overrides", None) is not None:
+        make = make._grudge_inner  # attach once: replace the table
+
+    def make_operator(partition: int, _make=make):
+        op = _make(partition)
+        if hasattr(op, "overrides"):
+            op.overrides = table
+        return op
+
+    make_operator._grudge_overrides = table  # type: ignore[attr-defined]
+    make_operator._grudge_inner = make  # type: ignore[attr-defined]
+    topology.make_operator = make_operator

@@ -1,0 +1,511 @@
+"""Keying by a field: a worker-managed repartition topic (Kafka Streams' selectKey + through).
+
+A stateful operator keyed by a JSON field (``key_field`` of dedup, known_keys,
+heavy_hitters) must see every record of one field value in one partition: on a
+source keyed by something else the same id lands in several partitions, and
+each partition's sketch counts it (dedup forwarded 165 records for 100 ids).
+The worker therefore runs a stateless **repartition stage** next to the
+operators (``repartition=auto|on|off``; ``auto``: on whenever ``key_field`` is
+set):
+
+- it consumes the source topic in its own consumer group ``<app_id>-repartition``
+  (its own confluent-kafka consumer and producer, in a background thread of the
+  worker process, whatever the runtime);
+- extracts the field exactly as the operator's codec would (a string, or an
+  integer written in decimal; ``max_key_bytes`` and ``allow_empty_keys`` apply);
+  a record without a usable field becomes a dead letter on the topology's
+  dead-letter topic (operator ``<operator_id>-repartition``, ``"stage":
+  "repartition"``, counted) and never stops it;
+- produces every other record to ``<app_id>-repartition`` (created by the worker
+  with the source's partition count) keyed by the field value, with the
+  source's value, headers and timestamp;
+- commits its source offsets only once the produced records are delivered
+  (at-least-once: after a crash a record can be produced twice, a duplicate the
+  dedup Bloom drops), or, with ``exactly_once=true``, in the transaction that
+  carries the produced records (consume-transform-produce).
+
+The operators then consume the repartition topic, whose key IS the field, so
+their codec reads the record key (``Topology.source_topic`` is the repartition
+topic; ``grudge-stream replay`` reads it too). Because the swap moves every key
+to another partition, ``key_field`` and ``repartition`` shape the state.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from grudge_stream.exceptions import ConfigError
+from grudge_stream.liveness import Liveness
+from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
+from grudge_stream.operators.codec import MAX_TIMESTAMP_MS, BadRecord, EventCodec
+from grudge_stream.settings import Setting
+
+log = logging.getLogger("grudge_stream.repartition")
+
+MODES = ("auto", "on", "off")
+SETTING = Setting("repartition", "choice", "auto",
+                  "key_field set: re-key the source by the field through the worker-managed topic "
+                  "<app_id>-repartition (auto: whenever key_field is set; off: the source is already "
+                  "partitioned by the field)", choices=MODES, state=True)
+# Delivery errors that no retry cures: the record itself is refused. They are dead-lettered;
+# every other failure (an outage, a timeout) re-sends the batch.
+_RECORD_ERRORS = ("MSG_SIZE_TOO_LARGE", "INVALID_RECORD", "INVALID_TIMESTAMP", "CORRUPT_MESSAGE",
+                  "RECORD_LIST_TOO_LARGE")
+_BACKOFF_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class RepartitionPlan:
+    """Where the stage reads and writes; ``Topology.extra["repartition"]`` of a re-keyed topology."""
+
+    source_topic: str  # the topic producers write (keyed by anything)
+    topic: str  # <app_id>-repartition: keyed by the field, read by the operators
+    group: str  # the stage's consumer group
+    app_id: str
+    operator_id: str
+    key_field: str
+    dead_letter_topic: str
+    max_key_bytes: int = 1024
+    allow_empty_keys: bool = False
+
+    def codec(self) -> EventCodec:
+        return EventCodec(key_field=self.key_field, value_field=None, max_key_bytes=self.max_key_bytes,
+                          allow_empty_keys=self.allow_empty_keys)
+
+
+def plan(settings: Any, *, source: str, operator_id: str, key_field: str | None,
+         dead_letter_topic: str) -> RepartitionPlan | None:
+    """The topology's repartition plan, or None when the operators read ``source`` directly.
+
+    The app id is fixed here (``app_id`` or ``grudge-<operator_id>-<source>``, the default of
+    an un-repartitioned topology) so the topic name does not depend on itself."""
+    mode = settings.get("repartition", "auto")
+    if mode not in MODES:
+        raise ConfigError(f"setting 'repartition' must be one of {', '.join(MODES)}, got {mode!r}")
+    if key_field is None:
+        if mode == "on":
+            raise ConfigError("repartition=on needs key_field: without it the record key is the key, "
+                              "and the source is partitioned by it already")
+        return None
+    if mode == "off":
+        return None
+    app_id = settings.get("app_id", None) or f"grudge-{operator_id}-{source}"
+    n = settings.get("max_key_bytes", 1024)
+    return RepartitionPlan(source_topic=source, topic=f"{app_id}-repartition", group=f"{app_id}-repartition",
+                           app_id=app_id, operator_id=operator_id, key_field=key_field,
+                           dead_letter_topic=dead_letter_topic, max_key_bytes=n,
+                           allow_empty_keys=settings.get("allow_empty_keys", False))
+
+
+_json_decode = json.JSONDecoder().decode
+
+
+def extract_key(codec: EventCodec, key: bytes | None, value: bytes | None, timestamp_ms: int) -> bytes:
+    """The field value as the new record key, or ``BadRecord`` (the dead-letter reason).
+
+    The common case (a JSON object with a non-empty string field within ``max_key_bytes``,
+    a timestamp in range) skips the codec's general path: decoding the text first spares
+    ``json.loads`` its encoding detection, about a third of the stage's CPU. Anything else
+    goes through ``codec.decode``, which gives the very reason the operator would."""
+    if value is not None and 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
+        try:
+            obj = _json_decode(value.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError included: the codec says which
+            obj = None
+        if type(obj) is dict:
+            kv = obj.get(codec.key_field)
+            if type(kv) is str:
+                k = kv.encode("utf-8")
+                if k and (not codec.max_key_bytes or len(k) <= codec.max_key_bytes):
+                    return k
+    return codec.decode(key, value, timestamp_ms).key
+
+
+def ensure_repartition_topic(plan_: RepartitionPlan, bootstrap_servers: str, *, create_source: bool = False,
+                             partitions: int | None = None, source_config: dict | None = None,
+                             client_config: dict | None = None, create: bool = True) -> int:
+    """Create ``plan_.topic`` with the source's partition count (and the source if asked);
+    refuse a repartition topic with another count. Returns the partition count.
+    ``create=False`` only checks (a worker started with ``--no-create-topics``): a producer
+    must never auto-create it with the broker's default partition count.
+
+    No timestamp bounds on it: its records keep their source timestamps, and the broker must
+    not refuse a late one the stage has already accepted (the operators bound event time)."""
+    from confluent_kafka.admin import AdminClient
+
+    from grudge_stream.topics import create_topics, topic_partitions
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
+    n = topic_partitions(admin, plan_.source_topic)
+    if n is None:
+        if not create_source:
+            raise ConfigError(
+                f"source topic {plan_.source_topic!r} does not exist on {bootstrap_servers}. "
+                "Operator action: create it (or run `grudge-stream topics <topology> --partitions N`).")
+        n = partitions or 8
+        create_topics(bootstrap_servers, {plan_.source_topic: (n, dict(source_config or {}))},
+                      client_config=client_config)
+    have = topic_partitions(admin, plan_.topic)
+    if have is None and not create:
+        raise ConfigError(
+            f"repartition topic {plan_.topic!r} does not exist on {bootstrap_servers}. Operator action: "
+            "start the worker without --no-create-topics, or run `grudge-stream topics <topology>`.")
+    if have is None:
+        create_topics(bootstrap_servers, {plan_.topic: (n, {"cleanup.policy": "delete"})},
+                      client_config=client_config)
+    elif have != n:
+        raise ConfigError(
+            f"repartition topic {plan_.topic!r} has {have} partitions, the source {plan_.source_topic!r} "
+            f"{n}. Operator action: recreate it with {n} partitions (and reset_state=true), or use "
+            "another app_id.")
+    return n
+
+
+class Repartitioner:
+    """The repartition stage: source -> ``<app_id>-repartition`` keyed by the field.
+
+    ``run_once`` handles one consumed batch (tests drive it directly); ``start`` runs it in a
+    daemon thread until ``stop``. Counters: ``records`` (consumed), ``forwarded``,
+    ``dead_letters``, ``retries`` (batches re-sent after a failed delivery or transaction),
+    ``errors`` (unexpected failures; the stage rebuilds its clients and goes on)."""
+
+    def __init__(self, plan_: RepartitionPlan, settings: Any, *, metrics: Any = None,
+                 liveness: Liveness | None = None, client_config: dict | None = None) -> None:
+        self.plan = plan_
+        self.bootstrap = settings.bootstrap_servers
+        self.client_config = dict(client_config or {})
+        self.exactly_once = bool(settings.get("exactly_once", False))
+        self.instance_id = settings.get("group_instance_id", "")
+        self.batch_size = settings.get("batch_size", 2000)
+        self.session_timeout_ms = int(settings.get("session_timeout_s", 30.0) * 1000)
+        self.heartbeat_ms = int(settings.get("heartbeat_interval_s", 3.0) * 1000)
+        self.txn_timeout_ms = int(settings.get("transaction_timeout_s", 60.0) * 1000)
+        self.codec = plan_.codec()
+        self.stage_id = f"{plan_.operator_id}-repartition"
+        self.liveness = Liveness(liveness.timeout_s if liveness is not None else 60.0)
+        if liveness is not None:
+            liveness.watch("repartition", self.liveness)
+        self.counters = {"records": 0, "forwarded": 0, "dead_letters": 0, "retries": 0, "errors": 0}
+        self._metrics = _StageMetrics(metrics, plan_.operator_id) if metrics is not None else None
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.consumer: Any = None
+        self.producer: Any = None
+        self._failed: list = []
+        self._lag_checked = 0.0
+
+    # -- clients ---------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        from grudge_stream.replay.runner import FAST_CONSUMER
+
+        conf = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": self.plan.group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "session.timeout.ms": self.session_timeout_ms,
+            "heartbeat.interval.ms": self.heartbeat_ms,
+            **FAST_CONSUMER,
+            **self.client_config,
+        }
+        if self.instance_id:
+            conf["group.instance.id"] = f"{self.instance_id}-repartition"
+        pconf = {
+            "bootstrap.servers": self.bootstrap,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            # The Java client's partitioner: the same key lands where a Kafka Streams
+            # application (or any Java producer) would put it.
+            "partitioner": "murmur2_random",
+            **self.client_config,
+            "enable.idempotence": True,
+            "acks": "all",
+            # Delivery callbacks only for failures: a Python call per record less; success is
+            # the queue draining (flush) without one.
+            "delivery.report.only.error": True,
+        }
+        if self.exactly_once:
+            who = self.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+            pconf["transactional.id"] = f"{self.plan.app_id}-repartition-{who}"
+            pconf["transaction.timeout.ms"] = self.txn_timeout_ms
+        self.producer = Producer(pconf)
+        if self.exactly_once:
+            self.producer.init_transactions(60)
+        self.consumer = Consumer(conf)
+        self.consumer.subscribe([self.plan.source_topic])
+
+    def _close(self) -> None:
+        consumer, producer, self.consumer, self.producer = self.consumer, self.producer, None, None
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:  # noqa: BLE001 - closing a broken client
+                log.debug("closing the repartition consumer failed", exc_info=True)
+        if producer is not None:
+            producer.flush(5)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def start(self) -> "Repartitioner":
+        self._thread = threading.Thread(target=self.run, name="grudge-repartition", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish the batch in hand (delivered and committed), then leave the group."""
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def run(self) -> None:
+        backoff = 0.5
+        log.info("repartition stage: %s -> %s keyed by %r (group %s, %s)", self.plan.source_topic,
+                 self.plan.topic, self.plan.key_field, self.plan.group,
+                 "exactly once" if self.exactly_once else "at least once")
+        while not self.stopping.is_set():
+            try:
+                if self.consumer is None:
+                    self._open()
+                self.liveness.beat()
+                if self.run_once(0.1):
+                    backoff = 0.5
+                self._record_lag()
+            except Exception as exc:  # noqa: BLE001 - the stage must outlive any one failure
+                self._count("errors", type(exc).__name__)
+                log.exception("repartition stage failed; reopening its clients in %.1fs", backoff)
+                self._abandon()
+                self.stopping.wait(backoff)
+                backoff = min(_BACKOFF_MAX_S, backoff * 2)
+        self._close()
+
+    def _record_lag(self) -> None:
+        """Source records not re-keyed yet, per assigned partition (log end - position), from
+        the log ends the consumer learned with its fetches; at most once a second."""
+        now = time.monotonic()
+        if self._metrics is None or now - self._lag_checked < 1.0:
+            return
+        self._lag_checked = now
+        try:
+            for tp in self.consumer.position(self.consumer.assignment()):
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and high >= 0:
+                    self._metrics.lag(tp.partition, max(0, high - tp.offset))
+        except Exception:  # noqa: BLE001 - no fetch yet, or a rebalance under way
+            pass
+
+    def _abandon(self) -> None:
+        """Drop the clients without committing: the next ones resume at the committed offsets."""
+        if self.exactly_once and self.producer is not None:
+            try:
+                self.producer.abort_transaction(10)
+            except Exception:  # noqa: BLE001 - none open, or the producer is fenced
+                pass
+        self._close()
+
+    def run_once(self, timeout_s: float = 0.1) -> int:
+        """Consume one batch, re-key and produce it, wait for delivery, commit. Returns the
+        number of records handled (0: nothing came, or the batch is re-sent next time)."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        msgs = self.consumer.consume(self.batch_size, timeout=timeout_s)
+        if not msgs:
+            return 0
+        firsts: dict[int, int] = {}
+        nexts: dict[int, int] = {}
+        good = []
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("repartition consume error: %s", err)
+                continue
+            p = m.partition()
+            firsts.setdefault(p, m.offset())
+            nexts[p] = m.offset() + 1
+            good.append(m)
+        if not good:
+            return 0
+        if self.exactly_once:
+            self.producer.begin_transaction()
+        forwarded, dead = self._produce(good)
+        if not self._delivered():
+            return self._retry(firsts, "delivery failed")
+        topic = self.plan.source_topic
+        offsets = [TopicPartition(topic, p, o) for p, o in nexts.items()]
+        if self.exactly_once:
+            from confluent_kafka import KafkaException
+
+            try:
+                self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(),
+                                                          60)
+                self.producer.commit_transaction(60)
+            except KafkaException as exc:
+                if exc.args[0].fatal():
+                    raise
+                return self._retry(firsts, f"transaction failed: {exc}")
+        else:
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+            except Exception as exc:  # noqa: BLE001 - a rebalance took the partitions
+                # Delivered but not committed: the next owner re-sends them (duplicates the
+                # operators' state absorbs), nothing is lost.
+                self._count("errors", "commit")
+                log.warning("repartition commit failed (%s); the next owner re-sends those records", exc)
+        self.counters["records"] += len(good)
+        self.counters["forwarded"] += forwarded
+        self.counters["dead_letters"] += dead
+        if self._metrics is not None:
+            self._metrics.records(forwarded, dead)
+        return len(good)
+
+    def _produce(self, msgs: list) -> tuple[int, int]:
+        produce = self.producer.produce
+        poll = self.producer.poll
+        codec, topic, dlq = self.codec, self.plan.topic, self.plan.dead_letter_topic
+        forwarded = dead = 0
+        self._failed = []
+        on_delivery = self._on_delivery
+        for m in msgs:
+            ts_type, ts = m.timestamp()
+            key, value = m.key(), m.value()
+            try:
+                new_key = extract_key(codec, key, value, ts)
+            except BadRecord as exc:
+                dl = self._dead_letter(m, str(exc))
+                out = (dlq, dl.key, dl.value, None, None)
+                dead += 1
+            else:
+                out = (topic, new_key, value, m.headers(), ts if ts_type != 0 else None)
+                forwarded += 1
+            kw = {"headers": out[3]} if out[3] else {}
+            if out[4] is not None:
+                kw["timestamp"] = out[4]
+            while True:
+                try:
+                    produce(out[0], key=out[1], value=out[2], on_delivery=on_delivery, **kw)
+                    break
+                except BufferError:
+                    poll(0.05)
+                    self.liveness.beat()
+        return forwarded, dead
+
+    def _dead_letter(self, m: Any, reason: str):
+        # Named "<operator_id>-repartition": its output ids (source partition and offset) then
+        # never collide with the operators' dead letters (repartition topic coordinates).
+        return dead_letter_record(self.stage_id, reason,
+                                  {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(),
+                                   "timestamp_ms": m.timestamp()[1]},
+                                  m.key(), m.value(), DEFAULT_DEAD_LETTER_LIMIT,
+                                  extra={"stage": "repartition"})
+
+    def _on_delivery(self, err, msg) -> None:
+        if err is not None:
+            self._failed.append((err, msg))
+
+    def _delivered(self) -> bool:
+        """Wait until every produced record is acknowledged; dead-letter the ones the broker
+        refuses for good. False when some could not be delivered (the batch is re-sent)."""
+        while True:
+            while len(self.producer) > 0 and not self.stopping.is_set():
+                self.producer.flush(1.0)
+                self.liveness.beat()
+            if len(self.producer) > 0:
+                self.producer.flush(30)
+                if len(self.producer) > 0:
+                    return False
+            failed, self._failed = self._failed, []
+            if not failed:
+                return True
+            for err, msg in failed:
+                if err.name() not in _RECORD_ERRORS or msg.topic() == self.plan.dead_letter_topic:
+                    log.warning("repartition delivery failed: %s", err)
+                    return False
+                dl = dead_letter_record(self.stage_id, f"repartition topic refused it: {err.str()}",
+                                        None, msg.key(), msg.value(), DEFAULT_DEAD_LETTER_LIMIT,
+                                        extra={"stage": "repartition"})
+                self.producer.produce(self.plan.dead_letter_topic, key=dl.key, value=dl.value,
+                                      on_delivery=self._on_delivery)
+                self.counters["dead_letters"] += 1
+
+    def _retry(self, firsts: dict[int, int], why: str) -> int:
+        """Undo a batch: abort its transaction (exactly once) and seek back to its first offsets."""
+        from confluent_kafka import TopicPartition
+
+        self.counters["retries"] += 1
+        self._count("errors", "retry")
+        log.warning("repartition batch re-sent: %s", why)
+        if self.exactly_once:
+            self.producer.abort_transaction(30)  # a fatal state raises: run() reopens the clients
+        for p, o in firsts.items():
+            try:
+                self.consumer.seek(TopicPartition(self.plan.source_topic, p, o))
+            except Exception:  # noqa: BLE001 - revoked meanwhile: its new owner resumes it
+                pass
+        self.stopping.wait(0.5)
+        return 0
+
+    def _count(self, name: str, kind: str) -> None:
+        if name == "errors":
+            self.counters["errors"] += 1
+        if self._metrics is not None:
+            self._metrics.error(kind)
+
+
+class _StageMetrics:
+    """The stage's series on the worker's registry (``grudge_repartition_*``)."""
+
+    def __init__(self, metrics: Any, operator_id: str) -> None:
+        from prometheus_client import Counter, Gauge
+
+        r = metrics.registry
+        self.op = operator_id
+        self._records = Counter("grudge_repartition_records_total",
+                                "Source records the repartition stage handled, by outcome "
+                                "(forwarded to the repartition topic, or dead_letter)",
+                                ["operator", "outcome"], registry=r)
+        self._errors = Counter("grudge_repartition_errors_total",
+                               "Repartition stage failures (retry: a batch re-sent; commit; other: the "
+                               "exception type, after which the stage reopens its clients)",
+                               ["operator", "kind"], registry=r)
+        self._lag = Gauge("grudge_repartition_lag_records",
+                          "Source records the repartition stage has not re-keyed yet (log end - position)",
+                          ["operator", "partition"], registry=r)
+        self._fwd = self._records.labels(operator_id, "forwarded")
+        self._dead = self._records.labels(operator_id, "dead_letter")
+
+    def lag(self, partition: int, records: int) -> None:
+        self._lag.labels(self.op, str(partition)).set(records)
+
+    def records(self, forwarded: int, dead: int) -> None:
+        if forwarded:
+            self._fwd.inc(forwarded)
+        if dead:
+            self._dead.inc(dead)
+
+    def error(self, kind: str) -> None:
+        self._errors.labels(self.op, kind).inc()
+
+
+def start_stage(topology: Any, settings: Any, *, metrics: Any = None, liveness: Liveness | None = None,
+                client_config: dict | None = None) -> Repartitioner | None:
+    """Start the topology's repartition stage, if it has one (both runtimes' entry points).
+
+    Checks its topics first, in the caller's thread: a missing or mis-sized one is a
+    ``ConfigError`` (one line, exit 2), not a background thread retrying for ever."""
+    plan_ = topology.extra.get("repartition")
+    if plan_ is None:
+        return None
+    ensure_repartition_topic(plan_, settings.bootstrap_servers, client_config=client_config, create=False)
+    stage = Repartitioner(plan_, settings, metrics=metrics, liveness=liveness, client_config=client_config)
+    return stage.start()

@@ -1,0 +1,454 @@
+"""Live score queries: any worker answers ``GET /v1/score?key=K`` from the owning partition's state.
+
+Runtime-neutral; both runtimes add thin HTTP hooks (docs/runtime.md, "Live score queries").
+
+- **The owner.** A key's partition is the one its producers wrote it to: the Kafka default
+  partitioner (``murmur2``: Java clients, Kafka Streams, Faust/aiokafka, confluent-kafka
+  with ``partitioner=murmur2_random``) or librdkafka's default (``crc32``:
+  ``consistent_random``), setting ``key_partitioner``. A partition computed with the wrong
+  one names another partition, whose sketch has never seen the key: the answer would be a
+  confident zero. That is why the setting is explicit and documented, not guessed.
+- **Answering locally.** A worker that holds the partition restored reads the operator's
+  ``describe_key`` (read-only: nothing written, the state stays bit-identical to a replay)
+  under the slot's lock, so a batch never runs halfway through a read.
+- **Forwarding.** Otherwise the worker looks the partition up in the members directory and
+  forwards the request once, marked with the ``X-Grudge-Forwarded`` header; a marked
+  request is never forwarded again. The owner recomputes the partition from the key itself,
+  so a stale directory can only cost a 503, never another partition's state.
+- **The members directory** is a compacted topic ``<app_id>-members``: each worker
+  publishes, on every assignment change, a record keyed by its member id with its
+  advertised URL and the partitions it holds restored, and a tombstone on a clean
+  shutdown. Every worker follows the whole topic in a background thread (manual
+  assignment, no group, no commits). When two records claim a partition (a rebalance
+  in flight, a killed worker's last record) the newest wins; a wrong pick answers 503.
+- **Failure is explicit.** Every way a query cannot be answered is a 503 with a JSON
+  ``error`` (``not_owner``, ``owner_unknown``, ``owner_unreachable``, ``not_ready``) and
+  a ``Retry-After``: during a rebalance a query answers or fails clearly.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from typing import Any, Callable, Iterable
+
+from grudge_stream.exceptions import ConfigError
+
+log = logging.getLogger("grudge_stream.serving")
+
+PARTITIONERS = ("murmur2", "crc32")
+FORWARDED_HEADER = "X-Grudge-Forwarded"
+# Seconds a client should wait before asking again after a 503: a rebalance's restores take
+# about that long per partition on the default sketch sizes.
+RETRY_AFTER_S = 1
+# A forwarded request waits this long for the owner; a slower owner answers 503 owner_unreachable.
+FORWARD_TIMEOUT_S = 2.0
+# At most this many keys per request (one JSON answer each).
+MAX_KEYS = 1000
+MEMBERS_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                        "segment.ms": "600000"}
+
+
+# -- partitioners ----------------------------------------------------------------------------------
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``) as an unsigned 32-bit int."""
+    m, length = 0x5BD1E995, len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    n4 = length // 4
+    for i in range(n4):
+        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    rest = length & 3
+    tail = 4 * n4
+    if rest == 3:
+        h ^= data[tail + 2] << 16
+    if rest >= 2:
+        h ^= data[tail + 1] << 8
+    if rest >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def partition_for(key: bytes, partitions: int, partitioner: str = "murmur2") -> int:
+    """The partition a producer using ``partitioner`` writes ``key`` to.
+
+    ``murmur2``: ``(murmur2(key) & 0x7fffffff) % partitions`` (Java's ``toPositive``);
+    ``crc32``: ``crc32(key) % partitions`` (librdkafka's ``consistent``; its default
+    ``consistent_random`` differs only for empty keys, which it spreads at random)."""
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    if partitioner == "murmur2":
+        return (murmur2(key) & 0x7FFFFFFF) % partitions
+    if partitioner == "crc32":
+        return zlib.crc32(key) % partitions
+    raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {partitioner!r}")
+
+
+def advertised_url(settings: Any) -> str:
+    """The URL other workers forward to: ``advertised_url``, else http://<web_host>:<web_port>
+    (the host name when the server binds every address)."""
+    url = settings.get("advertised_url", None)
+    if url:
+        return str(url).rstrip("/")
+    host = settings.get("web_host", "127.0.0.1")
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://{host}:{settings.get('web_port', 6066)}"
+
+
+# -- the members directory ----------------------------------------------------------------------------
+
+class MembersDirectory:
+    """Publishes this worker's restored partitions to ``<app_id>-members`` and follows the topic.
+
+    ``member_id``: stable across restarts of the same worker (its ``group_instance_id``, else
+    its advertised URL), so a restarted worker's record replaces its predecessor's.
+    """
+
+    def __init__(self, bootstrap: str, app_id: str, member_id: str, url: str, *,
+                 client_config: dict | None = None, runtime: str = "", source_topic: str = "") -> None:
+        self.bootstrap = bootstrap
+        self.topic = f"{app_id}-members"
+        self.member_id = member_id
+        self.url = url
+        self.runtime = runtime
+        self.source_topic = source_topic
+        self.client_config = dict(client_config or {})
+        self.members: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._producer: Any = None
+        self.caught_up = threading.Event()
+
+    def start(self) -> "MembersDirectory":
+        """Start publishing and following; never blocks on the broker (the follower thread
+        creates the topic, retrying while the cluster is unreachable)."""
+        from confluent_kafka import Producer
+
+        self._producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "acks": "all",
+                                   "log_level": 3, **self.client_config})
+        self._thread = threading.Thread(target=self._follow, name="grudge-members", daemon=True)
+        self._thread.start()
+        return self
+
+    def publish(self, partitions: Iterable[int], partition_count: int | None = None) -> None:
+        """This worker's record: call on every assignment change (never blocks on the broker)."""
+        if self._producer is None:
+            return
+        rec = {"member": self.member_id, "url": self.url, "partitions": sorted(partitions),
+               "partition_count": partition_count, "runtime": self.runtime, "source_topic": self.source_topic,
+               "host": socket.gethostname(), "pid": os.getpid(), "timestamp_ms": time.time_ns() // 1_000_000}
+        self._apply(self.member_id.encode(), json.dumps(rec).encode())  # our own view at once
+        try:
+            self._producer.produce(self.topic, key=self.member_id.encode(), value=json.dumps(rec).encode())
+            self._producer.poll(0)
+        except Exception as exc:  # noqa: BLE001 - the directory is advisory; queries answer 503 meanwhile
+            log.warning("members record not published: %s", exc)
+
+    def close(self, clean: bool = True) -> None:
+        """Stop following; on a clean shutdown publish a tombstone (others stop forwarding here)."""
+        self._stop.set()
+        if self._producer is not None:
+            if clean:
+                try:
+                    self._producer.produce(self.topic, key=self.member_id.encode(), value=None)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("members tombstone not published: %s", exc)
+            self._producer.flush(5)
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _apply(self, key: bytes, value: bytes | None) -> None:
+        mid = key.decode("utf-8", "replace")
+        with self._lock:
+            if value is None:
+                self.members.pop(mid, None)
+                return
+            try:
+                rec = json.loads(value)
+            except ValueError:
+                return
+            old = self.members.get(mid)
+            if old is None or rec.get("timestamp_ms", 0) >= old.get("timestamp_ms", 0):
+                self.members[mid] = rec
+
+    def _follow(self) -> None:
+        from grudge_stream.follow import TopicFollower
+        from grudge_stream.topics import create_topics
+
+        warned = False
+        while not self._stop.is_set():
+            try:
+                create_topics(self.bootstrap, {self.topic: (1, dict(MEMBERS_TOPIC_CONFIG))}, timeout=10,
+                              client_config=self.client_config)
+                break
+            except Exception as exc:  # noqa: BLE001 - unreachable cluster, no ACL: retried
+                if not warned:
+                    warned = True
+                    log.warning("members topic %s not available yet (%s): score queries answer for "
+                                "this worker's partitions only until it is; retrying", self.topic, exc)
+            self._stop.wait(2.0)
+        if self._stop.is_set():
+            return
+        follower = TopicFollower(self.bootstrap, [self.topic],
+                                 lambda _t, k, v: None if k is None else self._apply(k, v),
+                                 client_config=self.client_config, name="grudge-members").start()
+        try:
+            while not self._stop.is_set():
+                if follower.wait_caught_up(0.2):
+                    self.caught_up.set()
+                    self._stop.wait()
+        finally:
+            follower.stop()
+
+    def owner(self, partition: int) -> dict | None:
+        """The newest record (other than ours) claiming ``partition``, or None."""
+        best = None
+        with self._lock:
+            for mid, rec in self.members.items():
+                if mid == self.member_id or partition not in rec.get("partitions", ()):
+                    continue
+                if best is None or rec.get("timestamp_ms", 0) > best.get("timestamp_ms", 0):
+                    best = rec
+        return best
+
+    def partition_count(self) -> int | None:
+        with self._lock:
+            for rec in self.members.values():
+                if rec.get("partition_count"):
+                    return int(rec["partition_count"])
+        return None
+
+
+# -- queries ----------------------------------------------------------------------------------------
+
+def key_fields(key: bytes) -> dict:
+    try:
+        return {"key": key.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"key": None, "key_b64": base64.b64encode(key).decode("ascii")}
+
+
+def _b64(key: bytes) -> str:
+    return base64.b64encode(key).decode("ascii")
+
+
+class QueryError(Exception):
+    """A request that cannot be parsed: HTTP 400."""
+
+
+def parse_query(query: str) -> tuple[list[bytes], bool]:
+    """Keys (``key=`` UTF-8 text, ``key_b64=``) and whether forwarding is allowed (``forward=0``
+    asks this worker alone) from a URL query string."""
+    keys: list[bytes] = []
+    forward = True
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if name == "key":
+            keys.append(value.encode("utf-8"))
+        elif name == "key_b64":
+            try:
+                keys.append(base64.b64decode(value, validate=True))
+            except ValueError:
+                raise QueryError(f"key_b64 is not base64: {value!r}") from None
+        elif name == "forward":
+            forward = value.lower() not in ("0", "false", "no")
+    return keys, forward
+
+
+def parse_body(body: bytes) -> list[bytes]:
+    """A JSON list of keys (strings), or ``{"keys": [...], "keys_b64": [...]}``."""
+    try:
+        doc = json.loads(body or b"null")
+    except ValueError:
+        raise QueryError("the body must be JSON: a list of keys or {\"keys\": [...], \"keys_b64\": [...]}") from None
+    texts, b64s = (doc, []) if isinstance(doc, list) else (
+        (doc.get("keys", []), doc.get("keys_b64", [])) if isinstance(doc, dict) else (None, None))
+    if not isinstance(texts, list) or not isinstance(b64s, list) or not all(
+            isinstance(k, str) for k in [*texts, *b64s]):
+        raise QueryError("keys must be a JSON list of strings ({\"keys_b64\": [...]} for binary keys)")
+    try:
+        return [k.encode("utf-8") for k in texts] + [base64.b64decode(k, validate=True) for k in b64s]
+    except ValueError:
+        raise QueryError("keys_b64 holds a value that is not base64") from None
+
+
+def _error(key: bytes, error: str, message: str, partition: int | None = None, **extra: Any) -> dict:
+    return {**key_fields(key), "error": error, "message": message, "partition": partition,
+            "retry_after_s": RETRY_AFTER_S, **extra}
+
+
+class ScoreQueries:
+    """Answers score queries for one worker.
+
+    ``slot_of(p)``: the ``PartitionSlot`` of partition ``p`` when this worker holds it
+    restored, else None. ``partition_count()``: the source topic's partition count once
+    known, else None. ``directory``: None answers local partitions only.
+    """
+
+    def __init__(self, slot_of: Callable[[int], Any], partition_count: Callable[[], int | None], *,
+                 partitioner: str = "murmur2", directory: MembersDirectory | None = None,
+                 url: str = "", forward_timeout_s: float = FORWARD_TIMEOUT_S) -> None:
+        if partitioner not in PARTITIONERS:
+            raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {partitioner!r}")
+        self.slot_of = slot_of
+        self._partition_count = partition_count
+        self.partitioner = partitioner
+        self.directory = directory
+        self.url = url
+        self.forward_timeout_s = forward_timeout_s
+
+    @classmethod
+    def from_settings(cls, settings: Any, slot_of: Callable[[int], Any],
+                      partition_count: Callable[[], int | None],
+                      directory: MembersDirectory | None) -> "ScoreQueries":
+        return cls(slot_of, partition_count, partitioner=settings.get("key_partitioner", "murmur2"),
+                   directory=directory, url=advertised_url(settings))
+
+    def partition_count(self) -> int | None:
+        n = self._partition_count()
+        if not n and self.directory is not None:
+            n = self.directory.partition_count()
+        return n or None
+
+    # -- local reads -------------------------------------------------------------------------
+
+    def describe_local(self, key: bytes, partition: int, n: int) -> dict | None:
+        """The answer from this worker's own slot, or None when it does not hold ``partition``."""
+        slot = self.slot_of(partition)
+        if slot is None or slot.partition != partition or slot.partition_count != n:
+            return None
+        op = slot.operator
+        describe = getattr(op, "describe_key", None)
+        lock = getattr(slot, "lock", None)
+        if lock is not None:
+            lock.acquire()
+        try:
+            detail = describe(key) if describe is not None else {"kind": op.kind, "error": "not_supported"}
+            meta = {"partition": partition, "partitions": n, "operator": op.operator_id,
+                    "watermark_ms": op.watermark, "next_offset": op.next_offset,
+                    "snapshot_offset": slot.snapshotted_offset, "restore_mode": slot.restore_mode}
+        finally:
+            if lock is not None:
+                lock.release()
+        return {**key_fields(key), **meta, **detail, "served_by": self.url}
+
+    # -- a request ------------------------------------------------------------------------------
+
+    def local_part(self, keys: list[bytes], forward: bool) -> tuple[list[dict | None], dict[str, list[int]]]:
+        """Answer what this worker can; the rest grouped by the owner URL to forward to."""
+        results: list[dict | None] = [None] * len(keys)
+        remote: dict[str, list[int]] = {}
+        n = self.partition_count()
+        for i, key in enumerate(keys):
+            if not n:
+                results[i] = _error(key, "not_ready", "this worker does not know the source topic's "
+                                    "partition count yet (no assignment so far)")
+                continue
+            p = partition_for(key, n, self.partitioner)
+            ans = self.describe_local(key, p, n)
+            if ans is not None:
+                results[i] = ans
+                continue
+            if not forward:
+                owner = self.directory.owner(p) if self.directory is not None else None
+                results[i] = _error(key, "not_owner", f"this worker does not hold partition {p} restored",
+                                    p, owner=owner.get("url") if owner else None)
+                continue
+            owner = self.directory.owner(p) if self.directory is not None else None
+            if owner is None or owner.get("url") in (None, "", self.url):
+                results[i] = _error(key, "owner_unknown", f"no worker is known to hold partition {p} restored "
+                                    "(a rebalance in progress?)", p)
+                continue
+            remote.setdefault(owner["url"], []).append(i)
+        return results, remote
+
+    def remote_part(self, keys: list[bytes], remote: dict[str, list[int]]) -> dict[int, dict]:
+        """Forward each owner its keys (once, marked); blocking: run it off an event loop."""
+        out: dict[int, dict] = {}
+        for url, idxs in remote.items():
+            body = json.dumps({"keys_b64": [_b64(keys[i]) for i in idxs]}).encode()
+            req = urllib.request.Request(f"{url}/v1/scores", data=body, method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  FORWARDED_HEADER: self.url or "1"})
+            try:
+                try:
+                    with urllib.request.urlopen(req, timeout=self.forward_timeout_s) as resp:
+                        doc = json.loads(resp.read())
+                except urllib.error.HTTPError as exc:  # a 503 carries the owner's per-key errors
+                    doc = json.loads(exc.read() or b"{}")
+                answers = doc.get("results")
+                if not isinstance(answers, list) or len(answers) != len(idxs):
+                    raise ValueError(f"unexpected answer from {url}: {str(doc)[:200]}")
+            except (OSError, ValueError) as exc:
+                for i in idxs:
+                    out[i] = _error(keys[i], "owner_unreachable", f"the owner {url} did not answer: {exc}",
+                                    owner=url)
+                continue
+            for i, ans in zip(idxs, answers):
+                if isinstance(ans, dict) and not ans.get("error"):
+                    ans["forwarded_by"] = self.url
+                elif isinstance(ans, dict):
+                    ans.setdefault("owner", url)
+                out[i] = ans
+        return out
+
+    @staticmethod
+    def combine(results: list[dict | None], forwarded: dict[int, dict], single: bool) -> tuple[int, dict, dict]:
+        """``(status, body, headers)``: one key → its answer; several → ``{"results": [...]}``,
+        200 when at least one key was answered. Every 503 carries ``Retry-After``."""
+        for i, ans in forwarded.items():
+            results[i] = ans
+        done = [r if r is not None else {"error": "internal", "message": "no answer"} for r in results]
+        failed = [r for r in done if r.get("error")]
+        status = 503 if failed and (single or len(failed) == len(done)) else 200
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
+        return status, (done[0] if single else {"results": done}), headers
+
+    def answer(self, keys: list[bytes], forward: bool = True, single: bool = False) -> tuple[int, dict, dict]:
+        """A whole request, blocking (the batch runtime's HTTP threads)."""
+        results, remote = self.local_part(keys, forward)
+        return self.combine(results, self.remote_part(keys, remote) if remote else {}, single)
+
+    @staticmethod
+    def parse_request(method: str, path: str, query: str, body: bytes,
+                      headers: Any) -> tuple[list[bytes], bool, bool] | tuple[int, dict, dict]:
+        """``(keys, forward, single)`` of a ``/v1/score`` or ``/v1/scores`` request, or a 400 answer."""
+        try:
+            keys, forward = parse_query(query)
+            if method == "POST":
+                keys += parse_body(body)
+        except QueryError as exc:
+            return 400, {"error": "bad_request", "message": str(exc)}, {}
+        if not keys:
+            return 400, {"error": "bad_request", "message": "give key=K (repeatable), key_b64=, or POST "
+                         "a JSON list of keys to /v1/scores"}, {}
+        if len(keys) > MAX_KEYS:
+            return 400, {"error": "bad_request", "message": f"at most {MAX_KEYS} keys per request"}, {}
+        if headers.get(FORWARDED_HEADER):
+            forward = False  # forwarded once already: never again
+        return keys, forward, path.rstrip("/") == "/v1/score" and len(keys) == 1
+
+    def handle(self, method: str, path: str, query: str, body: bytes, headers: Any) -> tuple[int, dict, dict]:
+        """One request, blocking (the batch runtime's HTTP threads): ``(status, body, headers)``."""
+        parsed = self.parse_request(method, path, query, body, headers)
+        if isinstance(parsed[0], int):
+            return parsed  # type: ignore[return-value]
+        keys, forward, single = parsed  # type: ignore[misc]
+        return self.answer(keys, forward, single)
