@@ -51,7 +51,13 @@ from grudge_stream.topology import Settings, load_topology  # noqa: E402
 PARTS = 8
 
 
-def produce(bs: str, topic: str, n: int, keys: int) -> None:
+def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_events: int = 20) -> None:
+    """``n`` events over ``keys`` uniform clients (every 5000th abusive, 2% background bad).
+
+    ``planted``: also that many abusers ``abuser-%05d`` whose ``planted_events`` events each
+    (90% bad: raised at any key count) replace regular events at random positions, so the
+    topic still holds exactly ``n`` records (benchmarks/peers compares raised sets with them:
+    at a million keys the uniform clients have too few events each to be raised)."""
     admin = AdminClient({"bootstrap.servers": bs})
     admin.create_topics([NewTopic(topic, PARTS, 1)])[topic].result(30)
     p = Producer({"bootstrap.servers": bs, "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
@@ -62,12 +68,23 @@ def produce(bs: str, topic: str, n: int, keys: int) -> None:
     names = [b"client-%08d" % i for i in range(keys)]
     bad, good = b'{"outcome":"bad"}', b'{"outcome":"good"}'
     t0 = int(time.time() * 1000) - 3_600_000
+    plant: dict[int, int] = {}
+    if planted:
+        prng = np.random.default_rng(2)
+        slots = prng.choice(n, size=min(n, planted * planted_events), replace=False)
+        plant = {int(i): j % planted for j, i in enumerate(slots)}
     for i in range(n):
         k = int(ks[i])
-        v = bad if (k % 5000 == 0 and bad_draw[i] < 0.9) or bad_draw[i] < 0.02 else good
+        j = plant.get(i) if plant else None
+        if j is not None:
+            key, part = b"abuser-%05d" % j, j % PARTS
+            v = bad if bad_draw[i] < 0.9 else good
+        else:
+            key, part = names[k], k % PARTS
+            v = bad if (k % 5000 == 0 and bad_draw[i] < 0.9) or bad_draw[i] < 0.02 else good
         while True:
             try:
-                p.produce(topic, key=names[k], value=v, partition=k % PARTS, timestamp=t0 + i // 2000)
+                p.produce(topic, key=key, value=v, partition=part, timestamp=t0 + i // 2000)
                 break
             except BufferError:
                 p.poll(0.005)

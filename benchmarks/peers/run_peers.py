@@ -3,7 +3,9 @@
 The ``abuse_scores`` job (per-client score, bad +0.04 / good -0.001, exponential decay in
 event time at 0.01/s, clamp to [0, 1], raised at 0.5 / cleared at 0.25, alerts on crossings)
 run by each system over one source topic per size (8 partitions, bench_batch.py's
-generator: uniform keys ``client-%08d``, every 5000th client abusive, 2% background bad):
+generator: uniform keys ``client-%08d``, every 5000th client abusive, 2% background bad,
+plus --planted abusers ``abuser-%05d`` with 20 events each, 90% bad, at random positions,
+so that every size has keys to raise):
 
   ks            Kafka Streams 4.4, Processor API, persistent RocksDB store + changelog,
                 record cache on, at-least-once (benchmarks/peers/kstreams)
@@ -497,6 +499,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--restore-timeout", type=float, default=1800.0)
     ap.add_argument("--no-restart", action="store_true")
+    ap.add_argument("--planted", type=int, default=100,
+                    help="planted abusers (20 events each, 90%% bad) at every size, so the raised sets "
+                         "compare at a million keys too (0: the plain generator)")
     ap.add_argument("--broker-data-dir", type=Path, required=True, help="the broker's log.dirs")
     ap.add_argument("--out", type=Path, default=CACHE / "results.json",
                     help="results JSON (merged into an existing file: one entry per size)")
@@ -523,7 +528,7 @@ def main() -> int:
     for keys, n in sizes:
         topic = f"peers-{uuid.uuid4().hex[:6]}-events"
         t0 = time.time()
-        produce(bs, topic, n, keys)
+        produce(bs, topic, n, keys, planted=args.planted)
         args.newest_ts = newest_timestamp(bs, topic)
         distinct = round(keys * (1 - (1 - 1 / keys) ** n))
         print(f"# {topic}: {n:,} events over {keys:,} keys (~{distinct:,} distinct) produced in "

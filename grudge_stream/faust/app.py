@@ -53,6 +53,8 @@ from grudge_stream.topology import Settings, Topology
 
 log = logging.getLogger("grudge_stream.faust")
 
+MAX_POLL_RECORDS = 20_000
+
 
 class ShortWaitConsumerThread(AIOKafkaConsumerThread):
     """Faust's aiokafka consumer thread with a configurable fetch wait.
@@ -502,6 +504,10 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         key_serializer="raw",
         value_serializer="raw",
         producer_max_request_size=2 * 1024 * 1024,
+        # Records per getmany(): unbounded, a worker with a backlog holds every fetched
+        # record of all its partitions as Python objects at once (peak RSS ~860 MiB over
+        # 3 M events on 8 partitions, against ~400 MiB with this cap, at the same rate).
+        broker_max_poll_records=MAX_POLL_RECORDS,
         broker_session_timeout=settings.get("session_timeout_s", 30.0),
         broker_heartbeat_interval=settings.get("heartbeat_interval_s", 3.0),
     )
