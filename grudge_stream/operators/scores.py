@@ -71,6 +71,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
         self.sweep_interval_ms = int(sweep_interval_ms)
         self.every("sweep", self.sweep_interval_ms)
         self.emit_scores = emit_scores
+        self._override_hashes: tuple[tuple[int, int], np.ndarray] | None = None
         self._lam_per_ms = decay_lambda_per_ms(self.sketch_config)
         self.counters.update(alerts_raised=0, alerts_cleared=0)
 
@@ -193,11 +194,15 @@ class FeedbackScoreOperator(SketchAlertOperator):
         high = scores >= latch.raise_at
         hot = hashes[a:b][high]
         # Keys already raised can clear, and overridden keys are judged whatever their score.
-        watched = list(latch.keys())
-        if self.overrides is not None and len(self.overrides):
-            watched += [k for k, _ in self.overrides.items()]
-        if watched:
-            hot = np.concatenate((hot, self.sketch.key_hashes(watched)))
+        if len(latch):
+            hot = np.concatenate((hot, self.sketch.key_hashes(list(latch.keys()))))
+        table = self.overrides
+        if table is not None and len(table):
+            # Hashed once per version of the table, not per segment (a long allow list).
+            stamp = (id(table), table.version)
+            if self._override_hashes is None or self._override_hashes[0] != stamp:
+                self._override_hashes = (stamp, self.sketch.key_hashes([k for k, _ in table.items()]))
+            hot = np.concatenate((hot, self._override_hashes[1]))
         cand = np.flatnonzero(high | np.isin(hashes[a:b], hot)) if len(hot) else np.flatnonzero(high)
         for j in cand.tolist():
             e = a + j
