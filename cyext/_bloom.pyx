@@ -678,8 +678,8 @@ cdef class ForgettingBloom:
     cdef object _scratch_for(self, Py_ssize_t n):
         """A uint64 buffer of n entries for one batch's hashes: a reused one up to
         SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
-        than the hashing itself), a temporary one beyond. Not thread-safe, like the
-        sketch itself."""
+        than the hashing itself), a temporary one beyond. Calls hold the GIL from
+        hashing to their end, so no two calls share it at once."""
         if n > SCRATCH_MAX:
             return np.empty(n, dtype=np.uint64)
         if self._scratch is None or self._scratch.shape[0] < n:
@@ -736,8 +736,8 @@ cdef class ForgettingBloom:
         if out is not None:
             ov = out.view(np.uint8)
             op_out = &ov[0]
-        with nogil:
-            self._run(op, &hv[0], n, tp, op_out)
+        # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
+        self._run(op, &hv[0], n, tp, op_out)
 
     def contains_many(self, keys, now_ms=None):
         """Batch twin of :meth:`contains`: a bool array."""
@@ -756,8 +756,8 @@ cdef class ForgettingBloom:
         if tarr is not None:
             tv = tarr
             tp = &tv[0]
-        with nogil:
-            self._run_contains(&hv[0], n, tp, live0, &ov[0])
+        # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
+        self._run_contains(&hv[0], n, tp, live0, &ov[0])
         return out
 
     # ------------------------------------------------------------------ merge
@@ -783,9 +783,9 @@ cdef class ForgettingBloom:
                 f"{self._rotations} vs {other._rotations}, generation starts {self.generation_starts_ms} "
                 f"vs {other.generation_starts_ms}). Operator action: merge snapshots taken at the same "
                 f"period, of filters without capacity rotations.")
-        with nogil:
-            for i in range(self._nwords):
-                a[i] |= b[i]
+        # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
+        for i in range(self._nwords):
+            a[i] |= b[i]
         self._recount()
         for g in range(self._G):
             c = self._counts[g] + other._counts[g]

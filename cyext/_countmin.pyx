@@ -834,8 +834,8 @@ cdef class DecayingCountMin:
     cdef object _scratch_for(self, Py_ssize_t n):
         """A uint64 buffer of n entries for one batch's hashes: a reused one up to
         SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
-        than the hashing itself), a temporary one beyond. Not thread-safe, like the
-        sketch itself."""
+        than the hashing itself), a temporary one beyond. Calls hold the GIL from
+        hashing to their end, so no two calls share it at once."""
         if n > SCRATCH_MAX:
             return np.empty(n, dtype=np.uint64)
         if self._scratch is None or self._scratch.shape[0] < n:
@@ -886,11 +886,11 @@ cdef class DecayingCountMin:
             prepare_times(now_ms, n)   # validated, then ignored (manual epochs)
         if n == 0:
             return 0
-        with nogil:
-            if wp == NULL and tp == NULL and self._topn == 0:
-                self._run_plain(&hv[0], n, <uint32_t>w0c)
-            else:
-                self._run_increment(&hv[0], n, wp, w0c, tp)
+        # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
+        if wp == NULL and tp == NULL and self._topn == 0:
+            self._run_plain(&hv[0], n, <uint32_t>w0c)
+        else:
+            self._run_increment(&hv[0], n, wp, w0c, tp)
         if self._ndirty:
             self._resolve_dirty(source, kind)
         return n
@@ -923,11 +923,11 @@ cdef class DecayingCountMin:
             prepare_times(now_ms, n)
         if n == 0:
             return out
-        with nogil:
-            if tp == NULL and q0 == self._E and self._started:
-                self._run_query_plain(&hv[0], n, &ov[0])
-            else:
-                self._run_query(&hv[0], n, tp, q0, &ov[0])
+        # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
+        if tp == NULL and q0 == self._E and self._started:
+            self._run_query_plain(&hv[0], n, &ov[0])
+        else:
+            self._run_query(&hv[0], n, tp, q0, &ov[0])
         return out
 
     # ------------------------------------------------------------------ heavy hitters
@@ -1032,16 +1032,16 @@ cdef class DecayingCountMin:
         stamp = emod_m << self._cbits
         a = self._cells
         b = other._cells
-        with nogil:
-            for i in range(self._ncells):
-                ga = (emod_a - (a[i] >> self._cbits)) & self._smask
-                gb = (emod_b - (b[i] >> self._cbits)) & self._smask
-                va = _shifted(a[i] & self._cmask, xa + ga)
-                vb = _shifted(b[i] & self._cmask, xb + gb)
-                v = va + vb
-                if v > self._cmask:
-                    v = self._cmask
-                a[i] = (stamp | v) if v else 0
+        # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
+        for i in range(self._ncells):
+            ga = (emod_a - (a[i] >> self._cbits)) & self._smask
+            gb = (emod_b - (b[i] >> self._cbits)) & self._smask
+            va = _shifted(a[i] & self._cmask, xa + ga)
+            vb = _shifted(b[i] & self._cmask, xb + gb)
+            v = va + vb
+            if v > self._cmask:
+                v = self._cmask
+            a[i] = (stamp | v) if v else 0
         self._E = em
         self._S = em
         self._started = True

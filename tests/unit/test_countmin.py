@@ -556,3 +556,37 @@ def test_query_many_into_out() -> None:
             c.query_many([b"a", b"b", b"c"], out=bad)
     with pytest.raises(ValueError):
         c.query_many([b"a", b"b", b"c"], out=np.zeros(3, dtype=np.int64)[::-1].copy()[:2])
+
+
+def test_calls_are_atomic_across_threads() -> None:
+    """Threads sharing a sketch see whole calls: concurrent batches lose no increment (the
+    result equals the same batches run one after another), and Bloom inserts likewise."""
+    import threading
+
+    from grudge_stream import ForgettingBloom
+
+    batches = [[b"k%d" % ((t * 7919 + i) % 5000) for i in range(20_000)] for t in range(8)]
+    shared = DecayingCountMin(depth=4, width=4096, epoch_ms=None, seed=3, top_k=0)
+    alone = DecayingCountMin(depth=4, width=4096, epoch_ms=None, seed=3, top_k=0)
+    bloom_shared = ForgettingBloom(capacity=100_000, fp_rate=0.01, seed=3)
+    bloom_alone = ForgettingBloom(capacity=100_000, fp_rate=0.01, seed=3)
+    for b in batches:
+        for _ in range(5):
+            alone.increment_many(b)
+        bloom_alone.add_many(b)
+    start = threading.Barrier(len(batches))
+
+    def work(b):
+        start.wait()
+        for _ in range(5):
+            shared.increment_many(b)
+        bloom_shared.add_many(b)
+
+    threads = [threading.Thread(target=work, args=(b,)) for b in batches]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert shared.to_bytes() == alone.to_bytes()
+    assert bloom_shared.contains_many([k for b in batches for k in b]).all()
+    assert bloom_shared.to_bytes() == bloom_alone.to_bytes()
