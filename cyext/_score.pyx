@@ -37,7 +37,9 @@ cdef extern from "score_kernel.h":
     void gs_lock_courtesy(gs_lock* l) nogil
     gs_cell* gs_table_alloc(size_t n) nogil
     void gs_table_reset(gs_cell* t, size_t n) nogil
-    void gs_prefetch(const void* p) nogil
+
+cdef extern from "gsketch.h":
+    void gs_prefetch_w(const void* p) nogil
     int64_t gs_wall_ms() nogil
 
 
@@ -149,7 +151,7 @@ cdef inline void k_index(const Core* c, gs_cell* t, uint64_t h, uint32_t* idx) n
     cdef uint32_t i
     for i in range(c.L):
         idx[i] = gh_km_index(h, i, c.M)
-        gs_prefetch(t + <size_t>i * c.M + idx[i])
+        gs_prefetch_w(t + <size_t>i * c.M + idx[i])
 
 
 cdef inline double k_peek(const Core* c, const gs_cell* t, const uint32_t* idx, int64_t now,
@@ -982,8 +984,8 @@ cdef inline void _split_index(const Core* c, gs_cell* tp, gs_cell* tn, uint64_t 
     cdef uint32_t i
     for i in range(c.L):
         idx[i] = gh_km_index(h, i, c.M)
-        gs_prefetch(tp + <size_t>i * c.M + idx[i])
-        gs_prefetch(tn + <size_t>i * c.M + idx[i])
+        gs_prefetch_w(tp + <size_t>i * c.M + idx[i])
+        gs_prefetch_w(tn + <size_t>i * c.M + idx[i])
 
 
 cdef inline double _split_event(const Core* c, gs_cell* tp, gs_cell* tn, const uint32_t* idx,

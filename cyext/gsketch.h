@@ -1,5 +1,5 @@
 /*
- * Small inline helpers shared by the sketch kernels (count-min, forgetting Bloom):
+ * Small inline helpers shared by every sketch kernel (score, count-min, forgetting Bloom):
  * exact fast modulo, prefetch, cache-line aligned allocation, a wall-clock read.
  * Everything is static inline, allocation-free on the hot path and nogil-safe.
  */

@@ -1,17 +1,16 @@
 /*
- * grudge-stream ScoreSketch kernel helpers: the cell type, a small lock, table
- * allocation, prefetch and a wall clock. Everything here is callable without
- * the GIL except gs_lock_acquire_gil (which releases the GIL while it waits).
+ * grudge-stream ScoreSketch kernel helpers: the cell type, a small lock and
+ * table allocation. The helpers every kernel shares (prefetch, the wall clock,
+ * fast modulo, aligned allocation) are in gsketch.h, included here. Everything
+ * is callable without the GIL except gs_lock_acquire_gil (which releases the
+ * GIL while it waits).
  */
 #ifndef GRUDGE_SCORE_KERNEL_H
 #define GRUDGE_SCORE_KERNEL_H
 
 #include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 #include <sched.h>
+#include "gsketch.h"
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -104,21 +103,6 @@ static void gs_table_reset(gs_cell *t, size_t n) {
         t[i].score = 0.0;
         t[i].last_ms = INT64_MIN;
     }
-}
-
-static inline void gs_prefetch(const void *p) {
-#if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(p, 1, 3);
-#else
-    (void)p;
-#endif
-}
-
-/* Wall clock in ms since the Unix epoch: the same value as time.time_ns() // 10**6. */
-static inline int64_t gs_wall_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
 }
 
 #endif /* GRUDGE_SCORE_KERNEL_H */
