@@ -20,6 +20,12 @@ _LAZY = {
     "RotatorConfig": "grudge_stream.sketches.score_config",
     "ScoreSketchConfig": "grudge_stream.sketches.score_config",
     "suggest_levels": "grudge_stream.sketches.score_config",
+    "ScoreSizing": "grudge_stream.sketches.score_config",
+    "score_sizing": "grudge_stream.sketches.score_config",
+    "CountMinSizing": "grudge_stream.sketches.countmin_config",
+    "countmin_sizing": "grudge_stream.sketches.countmin_config",
+    "BloomSizing": "grudge_stream.sketches.bloom_config",
+    "bloom_sizing": "grudge_stream.sketches.bloom_config",
     "QueryDetail": "grudge_stream.sketches.score",
     "Rotator": "grudge_stream.sketches.score",
     "ScoreSketch": "grudge_stream.sketches.score",
@@ -30,10 +36,13 @@ __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
     from grudge_stream.sketches.bloom import ForgettingBloom
+    from grudge_stream.sketches.bloom_config import BloomSizing, bloom_sizing
     from grudge_stream.sketches.countmin import DecayingCountMin
+    from grudge_stream.sketches.countmin_config import CountMinSizing, countmin_sizing
     from grudge_stream.sketches.score import QueryDetail, Rotator, ScoreSketch
     from grudge_stream.sketches.score_config import (Exponential, Linear, NoDecay, RotatorConfig,
-                                                     ScoreSketchConfig, suggest_levels)
+                                                     ScoreSizing, ScoreSketchConfig, score_sizing,
+                                                     suggest_levels)
     from grudge_stream.sketches.split import SplitScoreSketch
 
 

@@ -44,7 +44,8 @@ class BloomSizing(NamedTuple):
     generations, each holding ``capacity`` keys, stays within ``fp_rate``.
     ``positions`` (m) is the bit positions per generation, ``hashes`` (k) the
     indexes per key, ``group_bits`` the bits per position (generations rounded
-    up to a power of two), and ``memory_bytes`` the size of the bit array."""
+    up to a power of two), and ``memory_bytes`` the size of the bit array. Like every
+    sizing helper's answer, ``kwargs()`` gives the constructor arguments."""
 
     generation_fp_rate: float
     positions: int
@@ -52,6 +53,13 @@ class BloomSizing(NamedTuple):
     group_bits: int
     words: int
     memory_bytes: int
+    capacity: int = 0
+    fp_rate: float = 0.0
+    generations: int = 2
+
+    def kwargs(self) -> dict:
+        """The sized filter as ForgettingBloom constructor arguments."""
+        return {"capacity": self.capacity, "fp_rate": self.fp_rate, "generations": self.generations}
 
 
 def bloom_sizing(capacity: int, fp_rate: float, generations: int = 2) -> BloomSizing:
@@ -84,7 +92,7 @@ def bloom_sizing(capacity: int, fp_rate: float, generations: int = 2) -> BloomSi
             f"fp_rate={p} needs {k} hashes per key; at most {MAX_HASHES} are supported"
         )
     words = m // per_word
-    return BloomSizing(f, m, k, group_bits, words, 8 * words)
+    return BloomSizing(f, m, k, group_bits, words, 8 * words, n, p, g)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ __all__ = [
     "MAX_CELLS",
     "MAX_DEPTH",
     "MAX_TOP_K",
+    "CountMinSizing",
     "countmin_dimensions",
     "countmin_memory_bytes",
+    "countmin_sizing",
 ]
 
 #: Rows are limited so the per-event index buffer of the kernel stays on the stack.
@@ -94,7 +96,7 @@ class CountMinConfig:
 def countmin_dimensions(epsilon: float, delta: float) -> tuple[int, int]:
     """The smallest ``(depth, width)`` with ``e/width <= epsilon`` and ``e**-depth <= delta``.
 
-    ``countmin_dimensions(4.2e-5, 0.02) == (4, 64_722)``; the default 4 x 65536
+    ``countmin_dimensions(4.2e-5, 0.02) == (4, 64_721)``; the default 4 x 65536
     gives epsilon = 4.15e-5 and delta = 1.8 %.
     """
     for name, v in (("epsilon", epsilon), ("delta", delta)):
@@ -107,6 +109,32 @@ def countmin_dimensions(epsilon: float, delta: float) -> tuple[int, int]:
             f"(epsilon={epsilon}, delta={delta}) needs depth {depth} x width {width}, too large"
         )
     return depth, width
+
+
+class CountMinSizing(NamedTuple):
+    """A DecayingCountMin shape for an error target (the shape every sizing helper
+    returns: the constructor arguments, the memory, and what the shape guarantees):
+    an estimate exceeds the true count by more than ``epsilon`` times the total
+    count with probability at most ``delta`` (the achieved values, at most the asked)."""
+
+    depth: int
+    width: int
+    memory_bytes: int
+    epsilon: float
+    delta: float
+
+    def kwargs(self) -> dict:
+        """The shape as DecayingCountMin constructor arguments."""
+        return {"depth": self.depth, "width": self.width}
+
+
+def countmin_sizing(epsilon: float, delta: float, top_k: int = 0) -> CountMinSizing:
+    """:func:`countmin_dimensions` with the memory (``top_k`` candidates included) and
+    the achieved bounds. ``countmin_sizing(4.2e-5, 0.02).kwargs()`` is
+    ``{"depth": 4, "width": 64721}``."""
+    depth, width = countmin_dimensions(epsilon, delta)
+    return CountMinSizing(depth, width, countmin_memory_bytes(depth, width, top_k),
+                          math.e / width, math.exp(-depth))
 
 
 def countmin_memory_bytes(depth: int = 4, width: int = 65_536, top_k: int = 0) -> int:

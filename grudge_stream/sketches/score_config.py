@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from grudge_stream.exceptions import ConfigError
 
@@ -27,6 +27,8 @@ __all__ = [
     "NoDecay",
     "RotatorConfig",
     "ScoreSketchConfig",
+    "ScoreSizing",
+    "score_sizing",
     "suggest_levels",
     "MAX_LEVELS",
     "MAX_GENERATIONS",
@@ -337,6 +339,33 @@ class RotatorConfig:
 
 
 # ---- sizing ---------------------------------------------------------------------
+
+
+class ScoreSizing(NamedTuple):
+    """A ScoreSketch shape for a collision target (the shape every sizing helper returns:
+    the constructor arguments, the memory, and what the shape guarantees).
+
+    ``collision_p`` is the chance an innocent key's ``levels`` cells are all shared
+    with one of ``hot_keys`` keys (what ``min`` then reads: a hot key's score)."""
+
+    levels: int
+    cells_per_level: int
+    memory_bytes: int
+    collision_p: float
+
+    def kwargs(self) -> dict:
+        """The shape as ScoreSketch / Rotator constructor arguments."""
+        return {"levels": self.levels, "cells_per_level": self.cells_per_level}
+
+
+def score_sizing(hot_keys: int, cells_per_level: int, target_p: float) -> ScoreSizing:
+    """The fewest levels of ``cells_per_level`` cells reaching ``target_p`` (see
+    :func:`suggest_levels`), with the memory (16 bytes a cell) and the collision
+    chance it achieves. ``score_sizing(1000, 100_000, 1e-8).kwargs()`` is
+    ``{"levels": 4, "cells_per_level": 100000}`` (6.4 MB)."""
+    levels = suggest_levels(hot_keys, cells_per_level, target_p)
+    p = -math.expm1(int(hot_keys) * math.log1p(-1.0 / int(cells_per_level)))
+    return ScoreSizing(levels, int(cells_per_level), 16 * levels * int(cells_per_level), p ** levels)
 
 
 def suggest_levels(hot_keys: int, cells_per_level: int, target_p: float) -> int:

@@ -613,3 +613,24 @@ def test_copy_keeps_a_secret_hash_key() -> None:
                   period_ms=1000)
     rot.use_hash_key(bytes(range(16)))
     assert rot.copy().key_hash(b"abuser") == rot.key_hash(b"abuser")
+
+
+def test_sizing_helpers_share_one_shape() -> None:
+    """Every sketch family's sizing helper answers with its constructor arguments
+    (``kwargs()``), its memory, and what the shape guarantees."""
+    from grudge_stream import DecayingCountMin, ForgettingBloom, ScoreSketch
+    from grudge_stream.sketches import bloom_sizing, countmin_sizing, score_sizing
+    from grudge_stream.sketches.score_config import Exponential
+
+    s = score_sizing(1000, 100_000, 1e-8)
+    assert s.kwargs() == {"levels": 4, "cells_per_level": 100_000}
+    assert s.collision_p <= 1e-8 and s.memory_bytes == 16 * 4 * 100_000
+    assert ScoreSketch(**s.kwargs(), decay=Exponential(0.01)).memory_bytes() >= s.memory_bytes
+    c = countmin_sizing(4.2e-5, 0.02, top_k=10)
+    assert c.kwargs() == {"depth": 4, "width": 64_721} and c.epsilon <= 4.2e-5 and c.delta <= 0.02
+    assert DecayingCountMin(**c.kwargs(), top_k=10).memory_bytes() == c.memory_bytes
+    b = bloom_sizing(100_000, 0.01, 3)
+    assert b.kwargs() == {"capacity": 100_000, "fp_rate": 0.01, "generations": 3}
+    assert ForgettingBloom(**b.kwargs()).memory_bytes() >= b.memory_bytes
+    for sizing in (s, c, b):
+        assert sizing.memory_bytes > 0 and isinstance(sizing.kwargs(), dict)
