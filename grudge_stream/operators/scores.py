@@ -39,7 +39,7 @@ from grudge_stream.operators.codec import (
 )
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.operators.saturation import score_saturation
-from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms
+from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms, decay_of
 from grudge_stream.operators.stateful import SketchAlertOperator
 
 EMIT_MODES = ("none", "crossings", "every")
@@ -76,12 +76,14 @@ class FeedbackScoreOperator(SketchAlertOperator):
         self.counters.update(alerts_raised=0, alerts_cleared=0)
 
     def time_scale_ms(self) -> float | None:
-        decay = self.sketch_config.get("decay", {"kind": "exponential", "lambda_per_s": 0.01})
-        if decay.get("kind") == "exponential" and float(decay["lambda_per_s"]) > 0:
-            return 1000.0 / float(decay["lambda_per_s"])
-        if decay.get("kind") == "linear" and float(decay["rate_per_s"]) > 0:
+        from grudge_stream.sketches.score_config import Exponential, Linear
+
+        decay = decay_of(self.sketch_config)
+        if isinstance(decay, Exponential) and decay.lambda_per_s > 0:
+            return 1000.0 / decay.lambda_per_s
+        if isinstance(decay, Linear) and decay.rate_per_s > 0:
             span = float(self.sketch_config.get("hi", 1.0)) - float(self.sketch_config.get("lo", 0.0))
-            return 1000.0 * span / float(decay["rate_per_s"]) if span != float("inf") else None
+            return 1000.0 * span / decay.rate_per_s if span != float("inf") else None
         return None
 
     def config_dict(self) -> dict:

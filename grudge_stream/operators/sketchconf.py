@@ -16,22 +16,25 @@ from typing import Any
 from grudge_stream.exceptions import ConfigError
 
 
-def build_decay(spec: dict) -> Any:
-    from grudge_stream import Exponential, Linear, NoDecay
+DEFAULT_DECAY = {"kind": "exponential", "lambda_per_s": 0.01}
 
-    kind = spec.get("kind")
-    if kind == "exponential":
-        return Exponential(float(spec["lambda_per_s"]))
-    if kind == "linear":
-        return Linear(float(spec["rate_per_s"]))
-    if kind == "none":
-        return NoDecay()
-    raise ConfigError(f"unknown decay kind {kind!r}; expected 'exponential', 'linear' or 'none'")
+
+def build_decay(spec: dict) -> Any:
+    """The decay of a config dict: the one parser (``score_config.decay_from_dict``, strict:
+    a wrong kind, a missing or an unknown field is a ConfigError)."""
+    from grudge_stream.sketches.score_config import decay_from_dict
+
+    return decay_from_dict(spec)
+
+
+def decay_of(conf: dict) -> Any:
+    """The decay of a ScoreSketch config dict (the default when it names none)."""
+    return build_decay(conf.get("decay", DEFAULT_DECAY))
 
 
 def score_sketch_kwargs(conf: dict) -> dict:
     kwargs = {k: v for k, v in conf.items() if k != "decay"}
-    kwargs["decay"] = build_decay(conf.get("decay", {"kind": "exponential", "lambda_per_s": 0.01}))
+    kwargs["decay"] = decay_of(conf)
     return kwargs
 
 
@@ -48,7 +51,7 @@ def build_score_sketch(conf: dict, *, split: bool = False) -> Any:
 
 def decay_lambda_per_ms(conf: dict) -> float:
     """The exponential decay constant per millisecond, or 0 for other decays."""
-    spec = conf.get("decay", {"kind": "exponential", "lambda_per_s": 0.01})
-    if spec.get("kind") == "exponential":
-        return float(spec["lambda_per_s"]) / 1000.0
-    return 0.0
+    from grudge_stream.sketches.score_config import Exponential
+
+    decay = decay_of(conf)
+    return decay.lambda_per_s / 1000.0 if isinstance(decay, Exponential) else 0.0

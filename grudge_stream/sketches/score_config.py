@@ -157,7 +157,9 @@ class NoDecay(Decay):
         return {"kind": self.kind}
 
 
-def _decay_from_dict(d: Any) -> Decay:
+def decay_from_dict(d: Any) -> Decay:
+    """A decay from its dict form (``Decay.to_dict``); strict: a wrong kind, a missing
+    or an unknown field is a ConfigError. The one decay parser of the package."""
     if not isinstance(d, dict):
         raise ConfigError("decay must be an object")
     kind = d.get("kind")
@@ -285,7 +287,7 @@ class ScoreSketchConfig:
         return cls(
             levels=d["levels"],
             cells_per_level=d["cells_per_level"],
-            decay=_decay_from_dict(d["decay"]),
+            decay=decay_from_dict(d["decay"]),
             lo=d["lo"],
             hi=d["hi"],
             aggregator=d["aggregator"],
