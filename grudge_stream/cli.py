@@ -90,6 +90,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
     runtime = args.runtime or settings.get("runtime", "faust")
+    if runtime == "faust" and settings.get("exactly_once", False):
+        raise ConfigError(
+            "exactly_once needs the batch runtime (--runtime batch): a transaction must commit the "
+            "source offsets with the consuming client's group metadata, and the Faust runtime consumes "
+            "with aiokafka while outputs and snapshots go through confluent-kafka (docs/runtime.md)")
     if runtime == "faust":
         from grudge_stream.kafkaconf import faust_options
 

@@ -84,6 +84,8 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     (["replay", "abuse_scores", "--set", f"seed={KEY}", "--output-topic", "alerts=x"],
      "--output-topic goes with --output topology"),
     (["topics", "abuse_scores"], "GRUDGE_SEED"),
+    (["worker", "abuse_scores", "--set", f"seed={KEY}", "--set", "exactly_once=true"],
+     "exactly_once needs the batch runtime"),
 ])
 def test_user_errors_are_one_line_and_exit_2(capsys, monkeypatch, argv, needle) -> None:
     for var in [v for v in __import__("os").environ if v.startswith("GRUDGE_") and v != "GRUDGE_KAFKA_CACHE"]:
