@@ -55,6 +55,15 @@ class BrokerProbe:
                 self._running = False
 
 
+def readiness(assigned, slots, broker: BrokerProbe) -> tuple[int, dict]:
+    """``/ready`` of either runtime: 200 once every assigned partition is restored and the
+    cluster answers, else 503; the body says which partitions are assigned and restored."""
+    ready = bool(assigned) and all(p in slots for p in assigned) and broker.ok()
+    body = {"ready": ready, "assigned": sorted(assigned), "restored": sorted(p for p in assigned if p in slots),
+            "broker": broker.reachable, "broker_error": broker.error}
+    return (200 if ready else 503), body
+
+
 class AssignmentWatch:
     """Logs, every ``every_s`` while a started worker holds no partition, why it may wait: a
     member that left without saying so (kill -9, a lost pod) keeps its partitions until the

@@ -39,7 +39,7 @@ from faust.web import View
 from grudge_stream._cyext._ingest import group_records
 from grudge_stream.checkpoint import CheckpointStore, watermarks
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
-from grudge_stream.health import AssignmentWatch, BrokerProbe
+from grudge_stream.health import AssignmentWatch, BrokerProbe, readiness
 from grudge_stream.kafkaconf import client_config
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.liveness import Liveness
@@ -359,7 +359,7 @@ class FaustRuntime:
     @property
     def ready(self) -> bool:
         """Every assigned partition restored, and the cluster answering."""
-        return bool(self.assigned) and all(p in self.slots for p in self.assigned) and self.broker.ok()
+        return readiness(self.assigned, self.slots, self.broker)[0] == 200
 
     def _record_lag(self) -> None:
         consumer = self.consumer
@@ -548,10 +548,7 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
 
     @app.page("/ready")
     async def ready(web, request):
-        status = 200 if runtime.ready else 503
-        body = {"ready": runtime.ready, "assigned": sorted(runtime.assigned),
-                "restored": sorted(p for p in runtime.assigned if p in runtime.slots),
-                "broker": runtime.broker.reachable, "broker_error": runtime.broker.error}
+        status, body = readiness(runtime.assigned, runtime.slots, runtime.broker)
         return web.json(body, status=status)
 
     @app.page("/live")

@@ -52,7 +52,7 @@ from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import (BROKER_ABORT_CHECK_INTERVAL_S, OPEN_TRANSACTION_MARGIN_S,
                                       CheckpointStore, watermarks)
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
-from grudge_stream.health import AssignmentWatch, BrokerProbe
+from grudge_stream.health import AssignmentWatch, BrokerProbe, readiness
 from grudge_stream.kafkaconf import client_config
 from grudge_stream.liveness import Liveness
 from grudge_stream.metrics import Metrics
@@ -266,7 +266,7 @@ class BatchWorker:
     @property
     def ready(self) -> bool:
         """Every assigned partition restored, and the cluster answering."""
-        return bool(self.assigned) and all(p in self.slots for p in self.assigned) and self.broker.ok()
+        return readiness(self.assigned, self.slots, self.broker)[0] == 200
 
     def _record_lag(self) -> None:
         """Consumer lag per partition from the log ends librdkafka learned with its fetches."""
@@ -376,10 +376,8 @@ class BatchWorker:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.startswith("/ready"):
-                    body = json.dumps({"ready": worker.ready, "assigned": sorted(worker.assigned),
-                                       "restored": sorted(worker.slots), "broker": worker.broker.reachable,
-                                       "broker_error": worker.broker.error}).encode()
-                    self._send(200 if worker.ready else 503, body, "application/json")
+                    status, ready = readiness(worker.assigned, worker.slots, worker.broker)
+                    self._send(status, json.dumps(ready).encode(), "application/json")
                 elif self.path.startswith("/live"):
                     status, live = worker.liveness.status()
                     self._send(status, json.dumps(live).encode(), "application/json")
