@@ -140,7 +140,8 @@ def main() -> int:
                             color=COLORS.get(s), label=f"{LABELS[s]}, {size['events'] / 1e6:g}M events")
 
     draw(doc, lambda m: m["hwm_kb"] / 1024 if m.get("hwm_kb") else None, "peak RSS (MiB)",
-         f"Peak resident memory of the worker process (hollow: same keys, 10M events)\n{note}",
+         "Peak resident memory of the worker process" + (" (hollow: same keys, 10M events)" if same else "")
+         + f"\n{note}",
          args.outdir / "peers-memory.png", extra=hollow)
     class Lost:
         @staticmethod
