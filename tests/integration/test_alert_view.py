@@ -34,7 +34,8 @@ def replay_raised(h, tmp_path) -> set[bytes]:
     for k, v in h.overrides.items():
         if k != "bootstrap_servers":
             cmd += ["--set", f"{k}={v}"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    # From the test's directory, not the checkout: `-m` must import the installed package.
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120, cwd=str(tmp_path))
     last: dict[str, object] = {}
     for line in out.read_text().splitlines():
         rec = json.loads(line)
@@ -93,7 +94,8 @@ def test_overrides_reach_views_at_once_and_workers_at_the_next_event(harness, tm
             for k, v in h.overrides.items():
                 if k not in ("bootstrap_servers", "seed"):
                     cmd += ["--set", f"{k}={v}"]
-            return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
+            return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60,
+                                  cwd=str(tmp_path)).stdout
 
         # The CLI needs no hash key: a throw-away one names the same topics.
         assert "deny until cleared" in override("deny", "trudy")
@@ -134,7 +136,8 @@ def test_overrides_reach_views_at_once_and_workers_at_the_next_event(harness, tm
         for k, v in h.overrides.items():
             if k not in ("bootstrap_servers", "seed"):
                 cmd += ["--set", f"{k}={v}"]
-        lines = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout.splitlines()
+        lines = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60,
+                               cwd=str(tmp_path)).stdout.splitlines()
         shown = {json.loads(line)["key"] for line in lines}
         assert shown == {k.decode() for k in view.raised()}
         assert "mallory" in shown

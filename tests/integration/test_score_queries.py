@@ -161,7 +161,8 @@ def test_any_worker_answers_from_the_owner_and_rebalances_fail_clearly(harness, 
     if runtime == "batch":
         out = subprocess.run([sys.executable, "-m", "grudge_stream.cli", "score", "abuse_scores",
                               keys[0].decode(), foreign.decode(), "--url", f"http://127.0.0.1:{workers[0].web_port}",
-                              "--json"], capture_output=True, text=True, timeout=60)
+                              "--json"], capture_output=True, text=True, timeout=60,
+                             cwd=str(h.tmp_path))  # not the checkout: the installed package
         assert out.returncode == 0, out.stderr
         got = [json.loads(line) for line in out.stdout.splitlines()]
         assert [g["score"] for g in got] == [want[keys[0]]["score"], want[foreign]["score"]]
