@@ -51,13 +51,16 @@ from grudge_stream.topology import Settings, load_topology  # noqa: E402
 PARTS = 8
 
 
-def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_events: int = 20) -> None:
+def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_events: int = 20,
+            partition_of=None) -> list[bytes]:
     """``n`` events over ``keys`` uniform clients (every 5000th abusive, 2% background bad).
 
     ``planted``: also that many abusers ``abuser-%05d`` whose ``planted_events`` events each
     (90% bad: raised at any key count) replace regular events at random positions, so the
     topic still holds exactly ``n`` records (benchmarks/peers compares raised sets with them:
-    at a million keys the uniform clients have too few events each to be raised)."""
+    at a million keys the uniform clients have too few events each to be raised).
+    ``partition_of(key)``: each client's partition (default: client number mod 8; the
+    live-query benchmark passes Kafka's murmur2 partitioner). Returns the client names."""
     admin = AdminClient({"bootstrap.servers": bs})
     admin.create_topics([NewTopic(topic, PARTS, 1)])[topic].result(30)
     p = Producer({"bootstrap.servers": bs, "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
@@ -66,6 +69,7 @@ def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_ev
     ks = rng.integers(0, keys, size=n)
     bad_draw = rng.random(n)
     names = [b"client-%08d" % i for i in range(keys)]
+    parts = [partition_of(k) for k in names] if partition_of else [i % PARTS for i in range(keys)]
     bad, good = b'{"outcome":"bad"}', b'{"outcome":"good"}'
     t0 = int(time.time() * 1000) - 3_600_000
     plant: dict[int, int] = {}
@@ -80,7 +84,7 @@ def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_ev
             key, part = b"abuser-%05d" % j, j % PARTS
             v = bad if bad_draw[i] < 0.9 else good
         else:
-            key, part = names[k], k % PARTS
+            key, part = names[k], parts[k]
             v = bad if (k % 5000 == 0 and bad_draw[i] < 0.9) or bad_draw[i] < 0.02 else good
         while True:
             try:
@@ -89,6 +93,7 @@ def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_ev
             except BufferError:
                 p.poll(0.005)
     p.flush(120)
+    return names
 
 
 def bare_consume(bs: str, topic: str, n: int) -> float:

@@ -32,42 +32,15 @@ import urllib.request
 import uuid
 
 import numpy as np
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(__file__))
+from bench_batch import PARTS, produce  # noqa: E402
 from common import emit  # noqa: E402
 
 from grudge_stream.devkafka import free_port  # noqa: E402
 from grudge_stream.serving import partition_for  # noqa: E402
 
-PARTS = 8
 BENCH_KEY = "2b7e151628aed2a6abf7158809cf4f3c"  # a fixed benchmark key (not a secret)
-
-
-def produce(bs: str, topic: str, n: int, keys: int) -> list[bytes]:
-    admin = AdminClient({"bootstrap.servers": bs})
-    admin.create_topics([NewTopic(topic, PARTS, 1)])[topic].result(30)
-    p = Producer({"bootstrap.servers": bs, "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
-                  "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_000_000})
-    rng = np.random.default_rng(1)
-    ks = rng.integers(0, keys, size=n)
-    bad_draw = rng.random(n)
-    names = [b"client-%08d" % i for i in range(keys)]
-    parts = [partition_for(k, PARTS, "murmur2") for k in names]
-    bad, good = b'{"outcome":"bad"}', b'{"outcome":"good"}'
-    t0 = int(time.time() * 1000) - 3_600_000
-    for i in range(n):
-        k = int(ks[i])
-        v = bad if (k % 5000 == 0 and bad_draw[i] < 0.9) or bad_draw[i] < 0.02 else good
-        while True:
-            try:
-                p.produce(topic, key=names[k], value=v, partition=parts[k], timestamp=t0 + i // 2000)
-                break
-            except BufferError:
-                p.poll(0.005)
-    p.flush(120)
-    return names
 
 
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
@@ -141,7 +114,8 @@ def main() -> None:
     run = uuid.uuid4().hex[:8]
     topic = f"bench-query-{run}"
     t0 = time.time()
-    names = produce(bs, topic, args.events, args.keys)
+    # bench_batch.py's traffic, each client on its murmur2 partition (a Java producer's choice).
+    names = produce(bs, topic, args.events, args.keys, partition_of=lambda k: partition_for(k, PARTS, "murmur2"))
     print(f"produced {args.events:,} events over {args.keys:,} keys in {time.time() - t0:.1f}s", flush=True)
     workdir = tempfile.mkdtemp(prefix="bench-query-")
     procs = [start_worker(bs, topic, run, workdir, i) for i in range(2)]
