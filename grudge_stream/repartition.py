@@ -45,6 +45,7 @@ from grudge_stream.liveness import Liveness
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.codec import MAX_TIMESTAMP_MS, BadRecord, EventCodec
 from grudge_stream.settings import Setting
+from grudge_stream.topics import ensure_repartition_topic  # noqa: F401  (its home is topics)
 
 log = logging.getLogger("grudge_stream.repartition")
 
@@ -125,46 +126,6 @@ def extract_key(codec: EventCodec, key: bytes | None, value: bytes | None, times
                 if k and (not codec.max_key_bytes or len(k) <= codec.max_key_bytes):
                     return k
     return codec.decode(key, value, timestamp_ms).key
-
-
-def ensure_repartition_topic(plan_: RepartitionPlan, bootstrap_servers: str, *, create_source: bool = False,
-                             partitions: int | None = None, source_config: dict | None = None,
-                             client_config: dict | None = None, create: bool = True) -> int:
-    """Create ``plan_.topic`` with the source's partition count (and the source if asked);
-    refuse a repartition topic with another count. Returns the partition count.
-    ``create=False`` only checks (a worker started with ``--no-create-topics``): a producer
-    must never auto-create it with the broker's default partition count.
-
-    No timestamp bounds on it: its records keep their source timestamps, and the broker must
-    not refuse a late one the stage has already accepted (the operators bound event time)."""
-    from confluent_kafka.admin import AdminClient
-
-    from grudge_stream.topics import create_topics, topic_partitions
-
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
-    n = topic_partitions(admin, plan_.source_topic)
-    if n is None:
-        if not create_source:
-            raise ConfigError(
-                f"source topic {plan_.source_topic!r} does not exist on {bootstrap_servers}. "
-                "Operator action: create it (or run `grudge-stream topics <topology> --partitions N`).")
-        n = partitions or 8
-        create_topics(bootstrap_servers, {plan_.source_topic: (n, dict(source_config or {}))},
-                      client_config=client_config)
-    have = topic_partitions(admin, plan_.topic)
-    if have is None and not create:
-        raise ConfigError(
-            f"repartition topic {plan_.topic!r} does not exist on {bootstrap_servers}. Operator action: "
-            "start the worker without --no-create-topics, or run `grudge-stream topics <topology>`.")
-    if have is None:
-        create_topics(bootstrap_servers, {plan_.topic: (n, {"cleanup.policy": "delete"})},
-                      client_config=client_config)
-    elif have != n:
-        raise ConfigError(
-            f"repartition topic {plan_.topic!r} has {have} partitions, the source {plan_.source_topic!r} "
-            f"{n}. Operator action: recreate it with {n} partitions (and reset_state=true), or use "
-            "another app_id.")
-    return n
 
 
 class Repartitioner:

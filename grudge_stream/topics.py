@@ -1,6 +1,8 @@
 """Creating and checking a topology's topics."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -8,6 +10,9 @@ from grudge_stream.checkpoint import SNAPSHOT_TOPIC_CONFIG
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.overrides import ALERT_STATE_TOPIC_CONFIG, OVERRIDES_TOPIC_CONFIG
 from grudge_stream.topology import Topology
+
+if TYPE_CHECKING:
+    from grudge_stream.repartition import RepartitionPlan
 
 
 def topic_partitions(admin: AdminClient, topic: str, timeout: float = 30.0) -> int | None:
@@ -96,23 +101,13 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
     if rp is not None:
         # Re-keyed by a field: the source producers write, and the repartition topic the
         # operators read (its source_topic), with the source's partition count.
-        from grudge_stream.repartition import ensure_repartition_topic
-
         ensure_repartition_topic(rp, bootstrap_servers, create_source=create_source, partitions=partitions,
                                  source_config=source_topic_config(topology) if timestamp_bounds else None,
                                  client_config=client_config)
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
-    n = topic_partitions(admin, topology.source_topic)
-    if n is None:
-        if not create_source:
-            raise ConfigError(
-                f"source topic {topology.source_topic!r} does not exist on {bootstrap_servers}. "
-                "Operator action: create it (or run `grudge-stream topics <topology> --partitions N`)."
-            )
-        n = partitions or 8
-        create_topics(bootstrap_servers,
-                      {topology.source_topic: (n, source_topic_config(topology) if timestamp_bounds else {})},
-                      client_config=client_config)
+    n = ensure_source_topic(topology.source_topic, bootstrap_servers, create_source=create_source,
+                            partitions=partitions,
+                            config=source_topic_config(topology) if timestamp_bounds else None,
+                            client_config=client_config)
     specs: dict[str, tuple[int, dict]] = {t: (n, {}) for t in set(topology.outputs.values())}
     if "alert_state" in topology.outputs:
         specs[topology.outputs["alert_state"]] = (n, dict(ALERT_STATE_TOPIC_CONFIG))
@@ -120,4 +115,52 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
         specs[topology.overrides_topic] = (1, dict(OVERRIDES_TOPIC_CONFIG))
     specs[topology.snapshot_topic] = (n, dict(SNAPSHOT_TOPIC_CONFIG))
     create_topics(bootstrap_servers, specs, client_config=client_config)
+    return n
+
+
+def ensure_source_topic(topic: str, bootstrap_servers: str, *, create_source: bool = False,
+                        partitions: int | None = None, config: dict | None = None,
+                        client_config: dict | None = None) -> int:
+    """The source topic's partition count; created with ``partitions`` (default 8) and ``config``
+    when ``create_source``, else a missing source is a ConfigError with the operator action."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
+    n = topic_partitions(admin, topic)
+    if n is not None:
+        return n
+    if not create_source:
+        raise ConfigError(
+            f"source topic {topic!r} does not exist on {bootstrap_servers}. "
+            "Operator action: create it (or run `grudge-stream topics <topology> --partitions N`)."
+        )
+    n = partitions or 8
+    create_topics(bootstrap_servers, {topic: (n, dict(config or {}))}, client_config=client_config)
+    return n
+
+
+def ensure_repartition_topic(plan_: RepartitionPlan, bootstrap_servers: str, *, create_source: bool = False,
+                             partitions: int | None = None, source_config: dict | None = None,
+                             client_config: dict | None = None, create: bool = True) -> int:
+    """Create ``plan_.topic`` with the source's partition count (and the source if asked);
+    refuse a repartition topic with another count. Returns the partition count.
+    ``create=False`` only checks (a worker started with ``--no-create-topics``): a producer
+    must never auto-create it with the broker's default partition count.
+
+    No timestamp bounds on it: its records keep their source timestamps, and the broker must
+    not refuse a late one the stage has already accepted (the operators bound event time)."""
+    n = ensure_source_topic(plan_.source_topic, bootstrap_servers, create_source=create_source,
+                            partitions=partitions, config=source_config, client_config=client_config)
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
+    have = topic_partitions(admin, plan_.topic)
+    if have is None and not create:
+        raise ConfigError(
+            f"repartition topic {plan_.topic!r} does not exist on {bootstrap_servers}. Operator action: "
+            "start the worker without --no-create-topics, or run `grudge-stream topics <topology>`.")
+    if have is None:
+        create_topics(bootstrap_servers, {plan_.topic: (n, {"cleanup.policy": "delete"})},
+                      client_config=client_config)
+    elif have != n:
+        raise ConfigError(
+            f"repartition topic {plan_.topic!r} has {have} partitions, the source {plan_.source_topic!r} "
+            f"{n}. Operator action: recreate it with {n} partitions (and reset_state=true), or use "
+            "another app_id.")
     return n
