@@ -562,7 +562,7 @@ class CheckpointStore:
                     blob = self.load_ref(operator_id, partition, ref, consumer)
                     if accept is not None:
                         accept(ref, blob)
-                except (SnapshotError, ValueError) as exc:
+                except (SnapshotError, ValueError) as exc:  # kernels refuse a bad blob with ValueError
                     log.error("refusing snapshot generation %d of %s[%d] (next_offset %s): %s",
                               ref.generation, operator_id, partition, ref.next_offset, exc)
                     result.refused.append((ref.generation, str(exc)))
