@@ -33,7 +33,12 @@ class CheckpointError(GrudgeError):
 
 
 class DeliveryError(GrudgeError):
-    """Outputs that are not delivered (nor dead-lettered) yet: no snapshot may cover them."""
+    """Outputs that are not delivered (nor dead-lettered) yet: no snapshot may cover them.
+
+    Raised by ``OutputPublisher.flush``. Not a ``CheckpointError``: the snapshot store did
+    not fail, and the runtimes handle the two apart (a stopping worker skips its final
+    snapshot on this one).
+    """
 
 
 class PartitionCountChanged(CheckpointError):

@@ -154,3 +154,60 @@ def test_parse_position(text: str, expected: Position) -> None:
 def test_parse_position_refusals(text: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         parse_position(text)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("20231114", Position("offset", 20_231_114)),  # digits are an offset, never a basic-format date
+    ("0000", Position("offset", 0)),
+    ("\tearliest\n", Position("earliest")),
+    ("2023-11-14", Position("time", 1_699_920_000_000)),  # a date alone: its midnight UTC
+    ("2023-11-14T22:13:20.5Z", Position("time", 1_700_000_000_500)),
+])
+def test_parse_position_edge_cases(text: str, expected: Position) -> None:
+    assert parse_position(text) == expected
+
+
+@pytest.mark.parametrize("text, why", [("@", "epoch milliseconds"), ("", "expected earliest, now"),
+                                       ("   ", "expected earliest, now"), ("EARLIEST", "expected earliest"),
+                                       ("+5", "expected earliest"), ("1e3", "expected earliest"),
+                                       ("1_000", "expected earliest")])
+def test_parse_position_refuses_near_misses(text: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        parse_position(text)
+
+
+def test_restore_refuses_a_candidate_on_snapshot_or_value_errors_only() -> None:
+    """``accept`` restores the blob into a probe operator, whose kernels refuse a bad one with
+    a plain ValueError: that is a refusal (fall back), anything else stops the restore."""
+    store = MemoryStore(blob_at(5), blob_at(3))
+    seen: list[int] = []
+
+    def refuse_newest(exc: Exception):
+        def accept(ref: SnapshotRef, blob: bytes) -> None:
+            seen.append(ref.generation)
+            if ref.generation == 2:
+                raise exc
+        return accept
+
+    for exc in (ValueError("bad sketch section"), SnapshotError("bad envelope"), ConfigError("geometry")):
+        seen.clear()
+        result = store.restore("op", 0, accept=refuse_newest(exc))
+        assert seen == [2, 1] and result.ref.generation == 1 and result.blob == store.blobs[1]
+        assert result.refused == [(2, str(exc))]
+    for exc in (PartitionCountChanged("moved"), RuntimeError("bug")):
+        with pytest.raises(type(exc)):
+            store.restore("op", 0, accept=refuse_newest(exc))
+
+
+def test_error_types_keep_what_their_callers_catch() -> None:
+    """The runtimes catch CheckpointError and DeliveryError separately (an undelivered output
+    is no failed checkpoint); config and mismatch errors are still ValueErrors for callers
+    that caught those."""
+    from grudge_stream.exceptions import DeliveryError, GrudgeError, InvalidInputError, MismatchError
+
+    assert issubclass(DeliveryError, GrudgeError) and not issubclass(DeliveryError, CheckpointError)
+    assert issubclass(PartitionCountChanged, CheckpointError)
+    assert not issubclass(PartitionCountChanged, ValueError)  # stops the restore, never a fallback
+    for cls in (ConfigError, MismatchError, SnapshotError, InvalidInputError):
+        assert issubclass(cls, GrudgeError) and issubclass(cls, ValueError), cls
+    assert not issubclass(CheckpointError, ValueError)

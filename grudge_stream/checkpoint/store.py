@@ -6,20 +6,8 @@ snapshots for a live worker to adopt.
 
 Layout on the snapshot topic (compacted, one partition per source partition;
 the snapshot of source partition ``p`` lives in snapshot partition
-``p % partitions``):
-
-- **chunk records**, keyed ``operator \\0 partition \\0 "chunk" \\0 slot \\0 index``:
-  a 32-byte header (magic ``GRDC``, generation u64, index u32, count u32,
-  CRC-32C of the data u32, data length u32, reserved u32) and at most
-  ``chunk_bytes`` of the snapshot blob. Generation ``g`` writes into slot
-  ``g % 2``, so the chunks of generation ``g - 1`` stay intact (compaction keeps
-  the newest record per key) while ``g`` is being written.
-- **one manifest record**, keyed ``operator \\0 partition`` — the record the
-  spec calls the snapshot record, written only after every chunk is
-  acknowledged: JSON with the generation, slot, the chunks' offsets, the
-  blob's size and CRC-32C, the next source offset it reflects, the watermark,
-  the config fingerprint, the source topic and its partition count, and the
-  same facts for the previous generation.
+``p % partitions``): chunk records, then one manifest record naming them
+(their keys, headers and encoding: ``grudge_stream.checkpoint.format``).
 
 A crash while chunks are being written leaves the previous manifest the
 newest one, so a half-written snapshot is never loaded. Restore reads only
@@ -39,9 +27,7 @@ the broker aborts it after its ``transaction.timeout.ms`` — and raises
 """
 from __future__ import annotations
 
-import json
 import logging
-import struct
 import threading
 import time
 import uuid
@@ -51,16 +37,14 @@ from typing import Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from grudge_stream.checkpoint.format import (
+    DEFAULT_CHUNK_BYTES, Manifest, SnapshotRef, chunk_key, decode_chunk, encode_chunk, join_chunks,
+    manifest_key,
+)
 from grudge_stream.exceptions import CheckpointError, ConfigError, SnapshotError
 from grudge_stream.hashing import crc32c
 
 log = logging.getLogger("grudge_stream.checkpoint")
-
-CHUNK_MAGIC = b"GRDC"
-_CHUNK = struct.Struct("<4sQIIIII")  # magic, generation, index, count, crc, length, reserved
-MANIFEST_MAGIC = "grudge-stream-snapshot"
-MANIFEST_VERSION = 1
-DEFAULT_CHUNK_BYTES = 512 * 1024  # well under Kafka's ~1 MB default message limit
 
 # How long a restore waits for another producer's transaction that hides a newer manifest
 # (module docstring, docs/checkpoints.md "Open transactions"). The broker aborts a transaction
@@ -88,43 +72,6 @@ SNAPSHOT_TOPIC_CONFIG = {
 }
 
 
-@dataclass(frozen=True)
-class SnapshotRef:
-    """Where one complete snapshot generation lives, as a manifest records it."""
-
-    generation: int
-    slot: int
-    offsets: tuple[int, ...]
-    size: int
-    crc: int
-    next_offset: int | None
-    watermark: int | None
-    fingerprint: str
-    source_topic: str
-    partition_count: int
-    written_ms: int
-
-    def to_dict(self) -> dict:
-        return {
-            "generation": self.generation, "slot": self.slot, "offsets": list(self.offsets),
-            "size": self.size, "crc": self.crc, "next_offset": self.next_offset,
-            "watermark": self.watermark, "fingerprint": self.fingerprint,
-            "source_topic": self.source_topic, "partition_count": self.partition_count,
-            "written_ms": self.written_ms,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SnapshotRef":
-        return cls(
-            generation=int(d["generation"]), slot=int(d["slot"]),
-            offsets=tuple(int(o) for o in d["offsets"]), size=int(d["size"]), crc=int(d["crc"]),
-            next_offset=None if d["next_offset"] is None else int(d["next_offset"]),
-            watermark=None if d["watermark"] is None else int(d["watermark"]),
-            fingerprint=str(d["fingerprint"]), source_topic=str(d["source_topic"]),
-            partition_count=int(d["partition_count"]), written_ms=int(d["written_ms"]),
-        )
-
-
 def _chunk_delivered(offsets: list, errors: list, index: int):
     """A delivery callback noting where chunk ``index`` landed (or why it did not)."""
     def on_delivery(err, msg) -> None:
@@ -147,43 +94,6 @@ class SnapshotWrite:
     fingerprint: str
     source_topic: str
     partition_count: int
-
-
-@dataclass
-class Manifest:
-    operator_id: str
-    partition: int
-    current: SnapshotRef
-    previous: SnapshotRef | None
-    offset: int = -1  # where the manifest itself was read from
-
-    def encode(self) -> bytes:
-        body = {
-            "magic": MANIFEST_MAGIC, "version": MANIFEST_VERSION,
-            "operator_id": self.operator_id, "partition": self.partition,
-            "current": self.current.to_dict(),
-            "previous": None if self.previous is None else self.previous.to_dict(),
-        }
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, value: bytes, offset: int = -1) -> "Manifest":
-        try:
-            d = json.loads(value)
-            if d.get("magic") != MANIFEST_MAGIC:
-                raise SnapshotError("not a snapshot manifest")
-            if d.get("version") != MANIFEST_VERSION:
-                raise SnapshotError(f"snapshot manifest version {d.get('version')} is not supported")
-            return cls(
-                operator_id=str(d["operator_id"]), partition=int(d["partition"]),
-                current=SnapshotRef.from_dict(d["current"]),
-                previous=None if d["previous"] is None else SnapshotRef.from_dict(d["previous"]),
-                offset=offset,
-            )
-        except SnapshotError:
-            raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SnapshotError(f"snapshot manifest is malformed: {exc}") from None
 
 
 @dataclass
@@ -214,14 +124,6 @@ def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) 
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-
-
-def manifest_key(operator_id: str, partition: int) -> bytes:
-    return f"{operator_id}\x00{partition}".encode()
-
-
-def chunk_key(operator_id: str, partition: int, slot: int, index: int) -> bytes:
-    return f"{operator_id}\x00{partition}\x00chunk\x00{slot}\x00{index}".encode()
 
 
 class CheckpointStore:
@@ -371,8 +273,8 @@ class CheckpointStore:
             sp = self.snapshot_partition(w.partition)
             for i in range(count):
                 data = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
-                head = _CHUNK.pack(CHUNK_MAGIC, generation, i, count, crc32c(data), len(data), 0)
-                self._produce(producer, sp, chunk_key(w.operator_id, w.partition, slot, i), head + bytes(data),
+                self._produce(producer, sp, chunk_key(w.operator_id, w.partition, slot, i),
+                              encode_chunk(generation, i, count, data),
                               _chunk_delivered(offsets, errors, i))
                 if self.chunk_delay_s:
                     self._flush(producer)
@@ -633,28 +535,11 @@ class CheckpointStore:
                     continue
                 if m.key() != chunk_key(operator_id, partition, ref.slot, i):
                     raise SnapshotError(f"chunk {i} of generation {ref.generation} was compacted away")
-                parts[i] = self._check_chunk(m.value(), ref, i)
+                parts[i] = decode_chunk(m.value(), ref, i)
         finally:
             if own:
                 consumer.close()
-        if any(p is None for p in parts):
-            raise SnapshotError(f"chunks of generation {ref.generation} are missing (compacted or truncated)")
-        blob = b"".join(parts)  # type: ignore[arg-type]
-        if len(blob) != ref.size or crc32c(blob) != ref.crc:
-            raise SnapshotError(f"snapshot generation {ref.generation} fails its size/CRC-32C check")
-        return blob
-
-    @staticmethod
-    def _check_chunk(value: bytes, ref: SnapshotRef, index: int) -> bytes:
-        if value is None or len(value) < _CHUNK.size:
-            raise SnapshotError(f"chunk {index} of generation {ref.generation} is truncated")
-        magic, gen, idx, count, crc, length, _ = _CHUNK.unpack_from(value, 0)
-        data = value[_CHUNK.size:]
-        if magic != CHUNK_MAGIC or gen != ref.generation or idx != index or count != len(ref.offsets):
-            raise SnapshotError(f"chunk {index} belongs to another snapshot generation ({gen})")
-        if length != len(data) or crc32c(data) != crc:
-            raise SnapshotError(f"chunk {index} of generation {ref.generation} fails its CRC-32C check")
-        return data
+        return join_chunks(parts, ref)
 
     def restore(self, operator_id: str, partition: int, *, accept=None) -> RestoreResult:
         """The newest snapshot that loads and that ``accept(ref, blob)`` approves.
@@ -677,7 +562,7 @@ class CheckpointStore:
                     blob = self.load_ref(operator_id, partition, ref, consumer)
                     if accept is not None:
                         accept(ref, blob)
-                except (SnapshotError, ValueError) as exc:
+                except (SnapshotError, ValueError) as exc:  # kernels refuse a bad blob with ValueError
                     log.error("refusing snapshot generation %d of %s[%d] (next_offset %s): %s",
                               ref.generation, operator_id, partition, ref.next_offset, exc)
                     result.refused.append((ref.generation, str(exc)))
