@@ -16,6 +16,7 @@ backwards (CreateTime topics written in time order, or LogAppendTime topics).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -38,6 +39,9 @@ class Position:
         return datetime.fromtimestamp(self.value / 1000, tz=timezone.utc).isoformat()
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
 def parse_position(text: str) -> Position:
     t = text.strip()
     if t in ("earliest", "beginning"):
@@ -45,11 +49,12 @@ def parse_position(text: str) -> Position:
     if t in ("now", "latest", "end"):
         return Position("now")
     if t.startswith("@"):
-        try:
-            return Position("time", int(t[1:]))
-        except ValueError:
-            raise ConfigError(f"bad timestamp {text!r}: expected @<epoch milliseconds>") from None
-    if t.lstrip("-").isdigit():
+        # ASCII digits only: int() would also take "1_000", " 5" and other scripts' digits, and a
+        # negative time is one of Kafka's special values (-1 latest, -2 earliest) in a time lookup.
+        if not _DIGITS.fullmatch(t[1:]):
+            raise ConfigError(f"bad timestamp {text!r}: expected @<epoch milliseconds>, digits only")
+        return Position("time", int(t[1:]))
+    if _DIGITS.fullmatch(t.lstrip("-")) and len(t) - len(t.lstrip("-")) <= 1:
         n = int(t)
         if n < 0:
             raise ConfigError(f"bad offset {text!r}: offsets are >= 0")
@@ -62,7 +67,10 @@ def parse_position(text: str) -> Position:
         ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return Position("time", int(dt.timestamp() * 1000))
+    ms = int(dt.timestamp() * 1000)
+    if ms < 0:
+        raise ConfigError(f"bad position {text!r}: a time before 1970 (epoch milliseconds are >= 0)")
+    return Position("time", ms)
 
 
 def resolve(consumer: Consumer, topic: str, partitions: list[int], pos: Position,

@@ -170,7 +170,13 @@ def test_parse_position_edge_cases(text: str, expected: Position) -> None:
 @pytest.mark.parametrize("text, why", [("@", "epoch milliseconds"), ("", "expected earliest, now"),
                                        ("   ", "expected earliest, now"), ("EARLIEST", "expected earliest"),
                                        ("+5", "expected earliest"), ("1e3", "expected earliest"),
-                                       ("1_000", "expected earliest")])
+                                       ("1_000", "expected earliest"),
+                                       # int() takes these; a position must not
+                                       ("--5", "expected earliest"), ("\u00b2", "expected earliest"),
+                                       ("\u0661\u0662", "expected earliest"),
+                                       ("@-1", "digits only"), ("@1_000", "digits only"),
+                                       ("@ 5", "digits only"), ("@+5", "digits only"),
+                                       ("1969-12-31T23:59:59Z", "before 1970")])
 def test_parse_position_refuses_near_misses(text: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         parse_position(text)
