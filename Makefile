@@ -18,7 +18,7 @@ help:
 	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
 	@echo "make bench-kafka   runtime benchmarks against a local broker (Faust, batch runtime, checkpoints, latency)"
 	@echo "make bench-peers   the abuse_scores job beside Kafka Streams, Quix Streams and a Faust Table (PEERS_ARGS=...)"
-	@echo "make broker-start  start the local single-node KRaft broker (jars fetched with Maven on first use)"
+	@echo "make broker-start  start the local single-node KRaft broker (tools/devkafka; jars fetched with Maven on first use)"
 	@echo "make broker-stop   stop it"
 
 $(BIN)/python:
@@ -26,23 +26,27 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # A real, non-editable install: the tests import the compiled extension from site-packages.
-# It reruns only when a source of the package changed (the stamp is older than one of them).
+# The dev broker (tests, demo, benchmarks) is a distribution of its own, tools/devkafka
+# (module grudge_devkafka), installed beside the package; the grudge-stream wheel does not carry it.
+# It reruns only when a source of either changed (the stamp is older than one of them).
+DEVKAFKA    := tools/devkafka
 PKG_SOURCES := pyproject.toml setup.py README.md $(wildcard cyext/*) \
-	$(shell find grudge_stream topologies -name '*.py' -o -name '*.pyi' -o -name py.typed 2>/dev/null)
+	$(shell find grudge_stream topologies -name '*.py' -o -name '*.pyi' -o -name py.typed 2>/dev/null) \
+	$(wildcard $(DEVKAFKA)/pyproject.toml $(DEVKAFKA)/*.py)
 INSTALL_STAMP := $(VENV)/.grudge-stream-installed
 
 install: $(INSTALL_STAMP)
 
 $(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
-	@echo "==> installing grudge-stream[test] into $(VENV): pip builds a wheel, compiling the Cython kernels in cyext/ (a minute or two)"
-	$(BIN)/python -m pip install --progress-bar on ".[test]"
+	@echo "==> installing grudge-stream[test] and the dev broker ($(DEVKAFKA)) into $(VENV): pip builds a wheel, compiling the Cython kernels in cyext/ (a minute or two)"
+	$(BIN)/python -m pip install --progress-bar on ".[test]" "./$(DEVKAFKA)"
 	@touch $@
 	@echo "==> installed; 'make test' and 'make demo' reinstall only when a source changes"
 
 # pytest's session fixture starts and stops the broker (KAFKA_BOOTSTRAP_SERVERS, testcontainers
 # or the local jars, in that order); fetching the jars first keeps the download out of test time.
 test: install
-	$(RUN_INSTALLED) grudge_stream.devkafka jars
+	$(RUN_INSTALLED) grudge_devkafka jars
 	$(BIN)/pytest
 
 test-unit: install
@@ -50,11 +54,11 @@ test-unit: install
 
 DEMO_ARGS ?=
 demo: install
-	$(RUN_INSTALLED) grudge_stream.devkafka jars
+	$(RUN_INSTALLED) grudge_devkafka jars
 	$(BIN)/grudge-stream demo $(DEMO_ARGS)
 
 example: install
-	$(RUN_INSTALLED) grudge_stream.devkafka jars
+	$(RUN_INSTALLED) grudge_devkafka jars
 	cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/examples/gateway/drive.py"
 
 # Sketch benchmarks (no broker); the runtime ones need Kafka: `make bench-kafka`.
@@ -65,30 +69,30 @@ bench: install
 	@for b in $(SKETCH_BENCHES); do echo "== $$b"; (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/$$b.py") || exit 1; done
 
 bench-kafka: install
-	@export KAFKA_BOOTSTRAP_SERVERS=$${KAFKA_BOOTSTRAP_SERVERS:-$$($(RUN_INSTALLED) grudge_stream.devkafka start --dir "$(BENCH_BROKER)")}; \
+	@export KAFKA_BOOTSTRAP_SERVERS=$${KAFKA_BOOTSTRAP_SERVERS:-$$($(RUN_INSTALLED) grudge_devkafka start --dir "$(BENCH_BROKER)")}; \
 	status=0; for b in $(KAFKA_BENCHES); do [ -f benchmarks/$$b.py ] || continue; echo "== $$b"; \
 	  (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/$$b.py") || status=1; done; \
-	$(RUN_INSTALLED) grudge_stream.devkafka stop --dir "$(BENCH_BROKER)" >/dev/null 2>&1; exit $$status
+	$(RUN_INSTALLED) grudge_devkafka stop --dir "$(BENCH_BROKER)" >/dev/null 2>&1; exit $$status
 
 # Peers (benchmarks/peers): builds the Kafka Streams app with Maven and a Quix Streams venv under
 # .cache/peers on first use, runs them against a broker of its own, then draws docs/peers-*.png.
 PEERS_ARGS   ?= --sizes 10000:500000 --runs 3
 PEERS_BROKER := $(CURDIR)/.cache/peers/kafka
 bench-peers: install
-	@export KAFKA_BOOTSTRAP_SERVERS=$$($(RUN_INSTALLED) grudge_stream.devkafka start --dir "$(PEERS_BROKER)"); \
+	@export KAFKA_BOOTSTRAP_SERVERS=$$($(RUN_INSTALLED) grudge_devkafka start --dir "$(PEERS_BROKER)"); \
 	status=0; (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/peers/run_peers.py" \
 	  --broker-data-dir "$(PEERS_BROKER)/data" $(PEERS_ARGS)) || status=1; \
-	$(RUN_INSTALLED) grudge_stream.devkafka stop --dir "$(PEERS_BROKER)" >/dev/null 2>&1; \
+	$(RUN_INSTALLED) grudge_devkafka stop --dir "$(PEERS_BROKER)" >/dev/null 2>&1; \
 	[ $$status = 0 ] && .cache/peers/quix-venv/bin/python benchmarks/peers/plot_peers.py; exit $$status
 
 broker-start: install
-	$(RUN_INSTALLED) grudge_stream.devkafka start
+	$(RUN_INSTALLED) grudge_devkafka start
 
 broker-stop:
-	$(RUN_INSTALLED) grudge_stream.devkafka stop
+	$(RUN_INSTALLED) grudge_devkafka stop
 
 broker-status:
-	$(RUN_INSTALLED) grudge_stream.devkafka status
+	$(RUN_INSTALLED) grudge_devkafka status
 
 clean:
-	rm -rf build dist *.egg-info $(INSTALL_STAMP)
+	rm -rf build dist *.egg-info $(DEVKAFKA)/build $(DEVKAFKA)/*.egg-info $(INSTALL_STAMP)

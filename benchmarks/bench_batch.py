@@ -19,7 +19,7 @@ earlier release say), `batch@base` and `faust-lean@base` run that installation's
 workers in the same rounds, interleaved, for a side-by-side comparison.
 
 Run: .venv/bin/python benchmarks/bench_batch.py [--events 10000000] [--keys 1000000] [--runs 3]
-Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_stream.devkafka start`).
+Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_devkafka start`).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 sys.path.insert(0, os.path.dirname(__file__))
 from common import emit  # noqa: E402
 
-from grudge_stream.devkafka import free_port  # noqa: E402
+from grudge_devkafka import free_port  # noqa: E402
 from grudge_stream.replay.ranges import Position  # noqa: E402
 from grudge_stream.replay.runner import FAST_CONSUMER, replay  # noqa: E402
 from grudge_stream.topology import Settings, load_topology  # noqa: E402
@@ -205,7 +205,7 @@ def main() -> None:
         THIS_SETS[name] = value
     bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bs:
-        sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_stream.devkafka start)")
+        sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_devkafka start)")
     topic = f"bench-batch-{uuid.uuid4().hex[:8]}"
     t0 = time.time()
     produce(bs, topic, args.events, args.keys)

@@ -13,7 +13,7 @@ again once they caught up ("idle"), asks worker A, one request at a time:
 and prints p50 / p99 / max latency per phase and kind (plus a JSON line).
 
 Run: .venv/bin/python benchmarks/bench_query.py [--events 3000000] [--keys 100000] [--queries 400]
-Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_stream.devkafka start`).
+Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_devkafka start`).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_batch import PARTS, produce  # noqa: E402
 from common import emit  # noqa: E402
 
-from grudge_stream.devkafka import free_port  # noqa: E402
+from grudge_devkafka import free_port  # noqa: E402
 from grudge_stream.serving import partition_for  # noqa: E402
 
 BENCH_KEY = "2b7e151628aed2a6abf7158809cf4f3c"  # a fixed benchmark key (not a secret)
@@ -110,7 +110,7 @@ def main() -> None:
     args = ap.parse_args()
     bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bs:
-        sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_stream.devkafka start)")
+        sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_devkafka start)")
     run = uuid.uuid4().hex[:8]
     topic = f"bench-query-{run}"
     t0 = time.time()

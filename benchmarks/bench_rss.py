@@ -10,7 +10,7 @@ backlog. ``--set NAME=VALUE`` passes settings to the workers (e.g.
 kafka.max.partition.fetch.bytes=8388608``: the prefetch before it was bounded).
 
 Run: .venv/bin/python benchmarks/bench_rss.py [--events 3000000] [--few 10000] [--runs 2]
-Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_stream.devkafka start`).
+Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_devkafka start`).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_batch import produce  # noqa: E402
 from common import emit  # noqa: E402
 
-from grudge_stream.devkafka import free_port  # noqa: E402
+from grudge_devkafka import free_port  # noqa: E402
 
 
 def events_done(port: int) -> float:

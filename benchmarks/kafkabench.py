@@ -1,7 +1,7 @@
 """Helpers for the benchmarks that need a real broker and worker processes.
 
 - ``broker()``: the broker of ``KAFKA_BOOTSTRAP_SERVERS``, else a throwaway local
-  KRaft broker (``grudge_stream.devkafka.LocalKafka``) for the duration of the script;
+  KRaft broker (``grudge_devkafka.LocalKafka``, tools/devkafka) for the duration of the script;
 - ``produce_events()``: a fixed event topic (JSON outcomes keyed by 16-byte client ids,
   record timestamp = event time) written once with confluent-kafka;
 - ``Proc``: a worker subprocess started in its own scratch directory (never the source
@@ -46,7 +46,7 @@ def broker() -> Iterator[str]:
     if bs:
         yield bs
         return
-    from grudge_stream.devkafka import LocalKafka
+    from grudge_devkafka import LocalKafka
 
     with LocalKafka() as kafka:
         print(f"# started a local broker at {kafka.bootstrap} (set KAFKA_BOOTSTRAP_SERVERS to reuse one)",
@@ -182,7 +182,7 @@ def loadavg() -> list[float]:
 
 
 def free_port() -> int:
-    from grudge_stream.devkafka import free_port as fp
+    from grudge_devkafka import free_port as fp
 
     return fp()
 

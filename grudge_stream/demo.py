@@ -1,7 +1,8 @@
 """`grudge-stream demo`: a local broker, the abuse-score topology, traffic, and the alerts.
 
 Starts a single-node Kafka broker on 127.0.0.1 (unless KAFKA_BOOTSTRAP_SERVERS
-is set), creates the topology's topics, runs `grudge-stream worker
+is set; the dev broker of tools/devkafka, which ``make demo`` installs beside the
+package), creates the topology's topics, runs `grudge-stream worker
 abuse_scores` as a child process, produces traffic in which a handful of
 abusive clients hide among thousands of well-behaved ones, and prints every
 alert as it arrives on the alert topic. Stops everything it started after
@@ -17,6 +18,7 @@ import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,8 +41,34 @@ def _console_script() -> str:
     return path
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local_broker():
+    """The dev broker (tools/devkafka, not part of the grudge-stream wheel), started."""
+    from grudge_stream.exceptions import ConfigError, GrudgeError
+
+    try:
+        from grudge_devkafka import DevKafkaError, LocalKafka
+    except ModuleNotFoundError as exc:
+        if exc.name != "grudge_devkafka":
+            raise
+        raise ConfigError(
+            "no Kafka broker: set KAFKA_BOOTSTRAP_SERVERS, or install the dev broker "
+            "(pip install ./tools/devkafka from a grudge-stream checkout; `make demo` does it)"
+        ) from None
+    _say("starting a local Kafka broker (the first run fetches its jars with Maven)...")
+    broker = LocalKafka(quiet=True)
+    try:
+        return broker, broker.start()
+    except DevKafkaError as exc:
+        raise GrudgeError(f"the local Kafka broker did not start: {exc}") from exc
+
+
 def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -> int:
-    from grudge_stream.devkafka import LocalKafka, free_port
     from grudge_stream.kafkaconf import client_config
     from grudge_stream.topics import ensure_topology_topics
     from grudge_stream.topology import Settings, load_topology
@@ -48,9 +76,7 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        _say("starting a local Kafka broker (the first run fetches its jars with Maven)...")
-        broker = LocalKafka(quiet=True)
-        bootstrap = broker.start()
+        broker, bootstrap = _local_broker()
     run = uuid.uuid4().hex[:6]
     overrides = {
         "source_topic": f"demo-{run}-events",
@@ -76,7 +102,7 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
         # environment, which the worker inherits): the demo's own clients use them too.
         conf = client_config(settings)
         ensure_topology_topics(topology, bootstrap, partitions=partitions, create_source=True, client_config=conf)
-        port = free_port()
+        port = _free_port()
         # The installed console script, not `python -m`: that would put the working directory
         # (a source checkout, say) ahead of the installed package on sys.path.
         cmd = [_console_script(), "worker", "abuse_scores",

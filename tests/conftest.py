@@ -6,7 +6,7 @@ first of these that works:
 1. ``KAFKA_BOOTSTRAP_SERVERS`` when set (a broker someone else runs);
 2. a testcontainers ``apache/kafka`` container when a Docker engine answers;
 3. a local single-node KRaft broker from Apache Kafka's jars
-   (``grudge_stream.devkafka.LocalKafka``; jars via Maven, cached in .cache/).
+   (``grudge_devkafka.LocalKafka`` from tools/devkafka; jars via Maven, cached in .cache/).
 
 ``GRUDGE_KAFKA_BACKEND=local|docker`` skips the detection and forces one
 backend. Tests that use ``kafka_bootstrap`` (directly or through
@@ -62,7 +62,7 @@ def _testcontainers_kafka() -> Iterator[str]:
     """
     from testcontainers.core.container import DockerContainer
 
-    from grudge_stream.devkafka import free_port, kafka_version, new_cluster_id, wait_until_ready
+    from grudge_devkafka import free_port, kafka_version, new_cluster_id, wait_until_ready
 
     image = os.environ.get("GRUDGE_KAFKA_IMAGE", f"apache/kafka:{kafka_version()}")
     host_port = free_port()
@@ -101,7 +101,7 @@ def _testcontainers_kafka() -> Iterator[str]:
 
 
 def _local_kafka() -> Iterator[str]:
-    from grudge_stream.devkafka import LocalKafka
+    from grudge_devkafka import LocalKafka
 
     with LocalKafka() as kafka:  # temp state dir, deleted at stop
         assert kafka.bootstrap is not None

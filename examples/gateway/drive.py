@@ -60,7 +60,7 @@ def wait_http(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 
 
 def main() -> int:
-    from grudge_stream.devkafka import LocalKafka, free_port
+    from grudge_devkafka import LocalKafka, free_port
     from grudge_stream.topics import ensure_topology_topics
     from grudge_stream.topology import Settings, load_topology
 

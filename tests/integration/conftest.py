@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from grudge_devkafka import free_port
 from grudge_stream.checkpoint import CheckpointStore
-from grudge_stream.devkafka import free_port
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.topics import ensure_topology_topics
 from grudge_stream.topology import Settings, load_topology

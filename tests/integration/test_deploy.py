@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from grudge_stream.devkafka import free_port
+from grudge_devkafka import free_port
 
 pytestmark = pytest.mark.slow
 

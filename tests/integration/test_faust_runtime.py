@@ -15,8 +15,8 @@ import zlib
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from grudge_devkafka import free_port
 from grudge_stream.checkpoint import CHUNK_MAGIC
-from grudge_stream.devkafka import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from grudge_stream.devkafka import free_port
+from grudge_devkafka import free_port
 from grudge_stream.topics import ensure_topology_topics
 from grudge_stream.topology import Settings, load_topology
 

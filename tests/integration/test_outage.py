@@ -12,13 +12,13 @@ import urllib.request
 import pytest
 from confluent_kafka import Producer
 
-from grudge_stream.devkafka import free_port
+from grudge_devkafka import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def devkafka(*args: str) -> str:
-    res = subprocess.run([sys.executable, "-m", "grudge_stream.devkafka", *args], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "grudge_devkafka", *args], capture_output=True, text=True,
                          timeout=180, cwd="/")
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
@@ -78,5 +78,5 @@ def test_worker_rides_out_a_broker_outage(harness, tmp_path, runtime: str, kafka
         # A 30+ s outage is a few dozen lines, not thousands (repeats are collapsed).
         assert outage_lines < 200, "\n".join(w.log().splitlines()[lines_before:lines_before + 60])
     finally:
-        subprocess.run([sys.executable, "-m", "grudge_stream.devkafka", "stop", "--dir", str(state)],
+        subprocess.run([sys.executable, "-m", "grudge_devkafka", "stop", "--dir", str(state)],
                        capture_output=True, timeout=120, cwd="/")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from grudge_stream.devkafka import free_port
+from grudge_devkafka import free_port
 from grudge_stream.operators.records import ID_HEADER
 from grudge_stream.topics import ensure_topology_topics
 from grudge_stream.topology import Settings, load_topology

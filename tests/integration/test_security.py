@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from grudge_stream.devkafka import LocalKafka, SaslSslListener, free_port
+from grudge_devkafka import LocalKafka, SaslSslListener, free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

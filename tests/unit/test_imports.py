@@ -1,27 +1,37 @@
-"""The package's import graph: configs never load kernels, tools start light."""
+"""The package's import graph: configs never load kernels, the dev broker loads none of it."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-LIGHT = ["grudge_stream", "grudge_stream.devkafka", "grudge_stream.settings", "grudge_stream.exceptions",
+LIGHT = ["grudge_stream", "grudge_stream.settings", "grudge_stream.exceptions",
          "grudge_stream.sketches", "grudge_stream.sketches.score_config",
          "grudge_stream.sketches.countmin_config", "grudge_stream.sketches.bloom_config"]
 
+HEAVY = "'_cyext' in m or m == 'numpy'"
 
-def loaded_after(modules: list[str]) -> list[str]:
+
+def loaded_after(modules: list[str], which: str = HEAVY) -> list[str]:
     code = ("import json, sys\n" + "".join(f"import {m}\n" for m in modules) +
-            "print(json.dumps(sorted(m for m in sys.modules if '_cyext' in m or m == 'numpy')))")
+            f"print(json.dumps(sorted(m for m in sys.modules if {which})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
-def test_configs_and_tools_do_not_load_kernels_or_numpy() -> None:
+def test_configs_do_not_load_kernels_or_numpy() -> None:
     assert loaded_after(LIGHT) == []
+
+
+def test_the_dev_broker_is_not_in_the_package_and_imports_none_of_it() -> None:
+    """The dev broker is its own distribution (tools/devkafka): not in the runtime wheel, and
+    importing it loads nothing of grudge_stream (so neither numpy nor the kernels)."""
+    assert importlib.util.find_spec("grudge_stream.devkafka") is None
+    assert loaded_after(["grudge_devkafka"], f"{HEAVY} or m.split('.')[0] == 'grudge_stream'") == []
 
 
 @pytest.mark.parametrize("kernel", ["_score", "_countmin", "_bloom"])

@@ -358,7 +358,7 @@ def test_check_connection_reports_invalid_client_properties() -> None:
 
 
 def test_check_connection_waits_boundedly_when_nobody_answers(caplog) -> None:
-    from grudge_stream.devkafka import free_port
+    from grudge_devkafka import free_port
 
     s = Settings({"bootstrap_servers": f"127.0.0.1:{free_port()}"}, environ={})
     t0 = time.monotonic()

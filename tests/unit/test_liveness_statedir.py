@@ -102,7 +102,7 @@ def _get(url: str) -> tuple[int, dict | bytes]:
 def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     """The batch runtime's HTTP thread answers whatever the main loop does: /metrics stays 200
     while the loop is wedged, /live turns 503 (and back to 200 once the loop beats again)."""
-    from grudge_stream.devkafka import free_port
+    from grudge_devkafka import free_port
     from grudge_stream.metrics import Metrics
     from grudge_stream.replay.live import BatchWorker
 
