@@ -111,7 +111,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     start_override_follower(topology, settings.bootstrap_servers, conf)  # before any partition is restored
     if runtime == "batch":
-        from grudge_stream.replay.live import run_batch_worker
+        from grudge_stream.runtime.batch import run_batch_worker
 
         logging.getLogger().setLevel(args.loglevel.upper())
         _freeze_heap()
@@ -121,7 +121,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SystemExit(f"--runtime must be faust or batch, not {runtime!r}")
     import faust
 
-    from grudge_stream.faust.app import build_app
+    from grudge_stream.runtime.faust import build_app
 
     from grudge_stream import logsetup
 
