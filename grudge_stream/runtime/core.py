@@ -4,9 +4,9 @@ The two adapters (``grudge_stream.runtime.batch``, the confluent-kafka consumer 
 and ``grudge_stream.runtime.faust``, the Faust app) differ in how records arrive and
 how the group is joined; everything else is here, once:
 
-- **settings**: ``setting(settings, name)`` reads a runtime setting with the default
-  declared for it in ``grudge_stream.settings.COMMON`` (so an unbound ``Settings``, as
-  in tests, gets the same defaults as a topology's bound one);
+- **settings**: ``setting(settings, name)`` (from ``grudge_stream.settings``) reads a
+  runtime setting with the default declared for it in ``COMMON`` (so an unbound
+  ``Settings``, as in tests, gets the same defaults as a topology's bound one);
 - **partitions**: one ``PartitionSlot`` per assigned source partition; ``restore``
   (blocking) loads the newest usable snapshot (rules in ``grudge_stream.partitions``),
   ``adopt`` makes it a slot, ``release`` lets revoked partitions go;
@@ -45,7 +45,7 @@ from grudge_stream.operators.records import SourceRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition
 from grudge_stream.serving import MembersDirectory, ScoreQueries, advertised_url
-from grudge_stream.settings import COMMON
+from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 
 __all__ = ["FAST_CONSUMER", "CheckpointCadence", "Transaction", "WorkerCore", "group_source_records",
@@ -63,14 +63,6 @@ FAST_CONSUMER = {"fetch.queue.backoff.ms": 1, "queued.min.messages": 20_000,
 FAILURE_LOG_INTERVAL_S = 10.0
 # Consumer lag is recorded at most this often.
 LAG_INTERVAL_S = 1.0
-
-_DEFAULTS = {s.name: s.default for s in COMMON if not callable(s.default)}
-
-
-def setting(settings: Settings, name: str) -> Any:
-    """A runtime setting, with the default declared in ``grudge_stream.settings.COMMON``."""
-    return settings.get(name, _DEFAULTS[name])
-
 
 def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
     """confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the

@@ -49,7 +49,8 @@ from grudge_stream.checkpoint import watermarks
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.operators.records import SourceRecord
-from grudge_stream.runtime.core import WorkerCore, setting
+from grudge_stream.runtime.core import WorkerCore
+from grudge_stream.settings import setting
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
 
