@@ -325,8 +325,7 @@ class FaustRuntime(WorkerCore):
                     outputs = slot.process(records)
                     if outputs:
                         self.publisher.publish(outputs)
-            if self.cadence.due():
-                await self._periodic_checkpoint()
+            await self._checkpoint_if_due()
 
     async def handle_records(self, batch: dict[int, list]) -> None:
         """Process fetched aiokafka records, grouped by partition (the batch drain path)."""
@@ -351,8 +350,7 @@ class FaustRuntime(WorkerCore):
                     outputs = slot.process_columns(topic, offs, tss, keys, vals)
                     if outputs:
                         self.publisher.publish(outputs)
-            if self.cadence.due():
-                await self._periodic_checkpoint()
+            await self._checkpoint_if_due()
 
     @contextlib.contextmanager
     def _processing(self):
@@ -363,6 +361,11 @@ class FaustRuntime(WorkerCore):
         except Exception:
             self.no_more_snapshots = True
             raise
+
+    async def _checkpoint_if_due(self) -> None:
+        """After a batch, under ``lock``: a periodic round if the cadence says one is due."""
+        if self.cadence.due():
+            await self._periodic_checkpoint()
 
     async def _periodic_checkpoint(self) -> None:
         """A checkpoint round whose failure is logged, not fatal (``WorkerCore.round_failed``)."""
@@ -391,7 +394,7 @@ class FaustRuntime(WorkerCore):
             self.record_lag(self._log_end)
         if self.cadence.due():
             async with self.lock:
-                await self._periodic_checkpoint()
+                await self._checkpoint_if_due()
 
     async def on_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
         """Graceful shutdown: a final snapshot of every partition, then flush."""
