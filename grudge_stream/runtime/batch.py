@@ -6,9 +6,10 @@ per-record machinery: ``consume()`` returns thousands of records at a time and
 they go to the operators in one call per partition.
 
 - **Assignment**: every newly assigned partition is restored from its newest
-  usable snapshot (``grudge_stream.runtime.core``, ``grudge_stream.partitions``) inside the assignment
-  callback, before the partition is fetched, and assigned at the snapshot's
-  ``next_offset`` (its earliest retained offset for a fresh or replayed one).
+  usable snapshot (``WorkerCore.restore``, rules in ``grudge_stream.partitions``)
+  inside the assignment callback, before the partition is fetched, and assigned
+  at the snapshot's ``next_offset`` (its earliest retained offset for a fresh or
+  replayed one).
 - **Checkpoints**: every ``checkpoint_interval_s``, on revocation and on
   shutdown: outputs flushed (every output delivered or dead-lettered),
   snapshot written, then the snapshot's offset committed for the group
