@@ -12,6 +12,7 @@ import threading
 import time
 
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, load_topology
 
 
@@ -89,8 +90,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
-    runtime = args.runtime or settings.get("runtime", "faust")
-    if runtime == "faust" and settings.get("exactly_once", False):
+    runtime = args.runtime or setting(settings, "runtime")
+    if runtime == "faust" and setting(settings, "exactly_once"):
         raise ConfigError(
             "exactly_once needs the batch runtime (--runtime batch): a transaction must commit the "
             "source offsets with the consuming client's group metadata, and the Faust runtime consumes "
@@ -111,7 +112,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     start_override_follower(topology, settings.bootstrap_servers, conf)  # before any partition is restored
     if runtime == "batch":
-        from grudge_stream.replay.live import run_batch_worker
+        from grudge_stream.runtime.batch import run_batch_worker
 
         logging.getLogger().setLevel(args.loglevel.upper())
         _freeze_heap()
@@ -121,7 +122,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SystemExit(f"--runtime must be faust or batch, not {runtime!r}")
     import faust
 
-    from grudge_stream.faust.app import build_app
+    from grudge_stream.runtime.faust import build_app
 
     from grudge_stream import logsetup
 
@@ -351,7 +352,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                 and not settings.get("insecure_public_seed", False)):
             settings.overrides["seed"] = "0" * 32  # only the web settings are read: no sketch is built
         load_topology(args.topology, settings)
-        host = settings.get("web_host", "127.0.0.1")
+        host = setting(settings, "web_host")
         url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{settings.get('web_port', 6066)}"
     body = json.dumps({"keys": args.keys}).encode()
     req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST",

@@ -3,8 +3,11 @@
 All time in grudge-stream is integer milliseconds. ``SystemClock`` reads the
 wall clock; ``ManualClock`` is set by hand (tests); ``EventClock`` is a
 monotone watermark, ``max(seen timestamps)``, for callers that feed a sketch
-record timestamps themselves (``observe``). The runtimes do not use it: their
-operators keep a watermark per partition and pass ``now_ms`` explicitly.
+record timestamps themselves: only their own ``observe(ts)`` calls advance it.
+Neither runtime (``grudge_stream.runtime``) nor the replay runner uses or
+advances an ``EventClock``: each operator keeps its partition's watermark in
+``Operator.watermark`` (``grudge_stream.operators.base``), advances it as it
+processes records, and passes it to the sketches as ``now_ms``.
 """
 from __future__ import annotations
 

@@ -479,6 +479,30 @@ def client_config(settings, bootstrap_servers: str | None = None) -> dict[str, A
             **client_properties(settings), "logger": client_logger()}
 
 
+# librdkafka's own limit on a produced message, a little above the broker's default record
+# batch limit (1 MiB + overhead): what the snapshot chunks and the outputs are sized against.
+PRODUCER_MAX_MESSAGE_BYTES = 1024 * 1024 + 4096
+
+
+def producer_config(client_config: Mapping[str, Any], *, bootstrap_servers: str | None = None,
+                    linger_ms: int = 5, max_message_bytes: int | None = PRODUCER_MAX_MESSAGE_BYTES,
+                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The configuration of every producer of a worker (outputs, snapshots, the transactional
+    producer of exactly-once, the repartition stage): batched (``linger_ms``), lz4, idempotent
+    with ``acks=all`` — set after the client properties, so a pass-through property cannot
+    weaken them — then ``extra`` (a transactional id, a partitioner, a caller's overrides)."""
+    conf: dict[str, Any] = {} if bootstrap_servers is None else {"bootstrap.servers": bootstrap_servers}
+    conf["linger.ms"] = linger_ms
+    conf["compression.type"] = "lz4"
+    if max_message_bytes is not None:
+        conf["message.max.bytes"] = max_message_bytes
+    conf.update(client_config)
+    conf["enable.idempotence"] = True
+    conf["acks"] = "all"
+    conf.update(extra or {})
+    return conf
+
+
 def describe(settings) -> str:
     """One line for the startup log: protocol, mechanism and user, no secrets."""
     props = client_properties(settings)

@@ -37,6 +37,7 @@ import time
 from typing import Callable
 
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.settings import setting
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -59,7 +60,7 @@ class Liveness:
 
     @classmethod
     def from_settings(cls, settings) -> "Liveness":
-        return cls(settings.get("liveness_timeout_s", DEFAULT_TIMEOUT_S))
+        return cls(setting(settings, "liveness_timeout_s"))
 
     def beat(self) -> None:
         self._last = self._clock()

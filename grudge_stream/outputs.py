@@ -28,6 +28,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from grudge_stream.exceptions import DeliveryError
+from grudge_stream.kafkaconf import producer_config
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.records import OutputRecord
 
@@ -101,18 +102,11 @@ class OutputPublisher:
         self._failed: list[tuple] = []
         self._log = _RateLimitedLog()
         # A caller's producer (e.g. a transactional one shared with the checkpoint store) or our own.
-        self.producer = producer if producer is not None else Producer({
-            "bootstrap.servers": bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "compression.type": "lz4",
+        self.producer = producer if producer is not None else Producer(producer_config(
+            client_config or {}, bootstrap_servers=bootstrap_servers,
+            max_message_bytes=max([KAFKA_DEFAULT_MAX_MESSAGE_BYTES, *self.limits.values()]) + 4096,
             # Never fail an output for taking long: an outage only delays it (in order).
-            "message.timeout.ms": 0,
-            "message.max.bytes": max([KAFKA_DEFAULT_MAX_MESSAGE_BYTES, *self.limits.values()]) + 4096,
-            **(client_config or {}),
-            **(config or {}),
-        })
+            extra={"message.timeout.ms": 0, **(config or {})}))
         self.sent: dict[str, int] = {}
         self._counted: dict[str, int] = {}
         self.dead_lettered: dict[str, int] = {}

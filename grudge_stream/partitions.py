@@ -1,11 +1,11 @@
-"""Per-partition operator state with checkpoints: the runtime-independent core.
+"""Per-partition operator state with checkpoints, under the worker core.
 
-Both runtimes (Faust agents, the confluent-kafka batch runner) hold one
-``PartitionSlot`` per assigned source partition and call the same three
-things: ``restore`` on assignment (blocking: run it in an executor from
-asyncio code), ``process`` for each batch of that partition's records, and
-``checkpoint`` on the checkpoint cadence, on revocation and on shutdown
-(``checkpoint_slots`` for a round over several partitions at once).
+The worker core (``grudge_stream.runtime.core``, shared by the Faust and the
+confluent-kafka batch runtimes) holds one ``PartitionSlot`` per assigned source
+partition and calls the same three things: ``restore_partition`` on assignment
+(blocking: run it in an executor from asyncio code), ``process`` for each batch
+of that partition's records, and ``checkpoint_slots`` for a checkpoint round
+(on the cadence, on revocation and on shutdown).
 
 Restore rules (docs/checkpoints.md):
 

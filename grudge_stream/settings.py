@@ -332,6 +332,16 @@ COMMON: list[Setting] = [
     S("kafka_properties_file", "str", None, "a client properties file (key=value, librdkafka names)"),
 ]
 
+_COMMON_DEFAULTS = {s.name: s.default for s in COMMON if not callable(s.default)}
+
+
+def setting(settings, name: str) -> Any:
+    """A setting of ``COMMON`` (those every topology and both runtimes take), with its
+    declared default: the one place the runtimes read those defaults from, bound ``Settings``
+    or not (an unbound ``Settings``, as in tests and tools, gets the same defaults)."""
+    return settings.get(name, _COMMON_DEFAULTS[name])
+
+
 # Names that pass through to the Kafka clients by prefix (see docs/security.md).
 PASSTHROUGH_PREFIXES = ("kafka.",)
 

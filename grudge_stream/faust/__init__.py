@@ -1,1 +1,1 @@
-"""The Faust glue: agents, checkpoints hooks, health and metrics pages (grudge_stream.faust.app)."""
+"""The Faust runtime, now ``grudge_stream.runtime.faust`` (``grudge_stream.faust.app`` re-exports it)."""

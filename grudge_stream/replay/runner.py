@@ -33,40 +33,13 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.replay.ranges import Position, resolve, topic_partitions
+from grudge_stream.runtime.core import FAST_CONSUMER, group_source_records  # noqa: F401 - also re-exported
 from grudge_stream.topology import Topology
 
 log = logging.getLogger("grudge_stream.replay")
-
-# Lower the consumer's idle backoff between fetches (default 1000 ms): with it the
-# batched consume() reads several times faster. The prefetch is bounded: with 64 MiB fetches
-# of 8 MiB per partition and 200,000 queued records per partition, a worker with a backlog
-# peaked at ~870 MiB RSS (against ~360 MiB with these) and was no faster (1.11 M events/s
-# either way, 3 M events over 8 partitions; benchmarks/peers, "Peak RSS").
-FAST_CONSUMER = {"fetch.queue.backoff.ms": 1, "queued.min.messages": 20_000,
-                 "fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 1024 * 1024}
-
-
-def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
-    """confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the
-    record path of operators that declare ``needs_headers`` (``group_messages`` gives the
-    header-free columns every other operator reads)."""
-    out: dict[int, list[SourceRecord]] = {}
-    errors = []
-    for m in msgs:
-        if m.error() is not None:
-            errors.append(m)
-            continue
-        p = m.partition()
-        recs = out.get(p)
-        if recs is None:
-            recs = out[p] = []
-        recs.append(SourceRecord(topic, p, m.offset(), m.timestamp()[1], m.key(), m.value(),
-                                 m.headers() or None))
-    return out, errors
-
 
 class JsonlSink:
     """A dry-run sink: one JSON line per output record."""
