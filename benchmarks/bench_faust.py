@@ -32,7 +32,6 @@ creates are named ``bench-<id>-...`` and deleted at the end (``--keep-topics`` k
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import statistics
 import sys
@@ -53,12 +52,9 @@ TIMED_WORKER = HERE / "grudge_timed_worker.py"
 
 def available_drains() -> list[str]:
     """The ``drain`` values the installed runtime accepts ([] when it has no such setting)."""
-    import grudge_stream.faust.app as app_mod
+    from grudge_stream.settings import COMMON
 
-    src = inspect.getsource(app_mod)
-    if 'settings.get("drain"' not in src:
-        return []
-    return [d for d in ("agent", "batch") if f'"{d}"' in src]
+    return next((list(s.choices) for s in COMMON if s.name == "drain"), [])
 
 
 def parse_drains(arg: str) -> list[str | None]:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.kafkaconf import producer_config
 from grudge_stream.liveness import Liveness
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.codec import MAX_TIMESTAMP_MS, BadRecord, EventCodec
@@ -166,7 +167,7 @@ class Repartitioner:
     def _open(self) -> None:
         from confluent_kafka import Consumer, Producer
 
-        from grudge_stream.replay.runner import FAST_CONSUMER
+        from grudge_stream.runtime.core import FAST_CONSUMER
 
         conf = {
             "bootstrap.servers": self.bootstrap,
@@ -182,20 +183,14 @@ class Repartitioner:
         }
         if self.instance_id:
             conf["group.instance.id"] = f"{self.instance_id}-repartition"
-        pconf = {
-            "bootstrap.servers": self.bootstrap,
-            "linger.ms": 5,
-            "compression.type": "lz4",
+        pconf = producer_config(self.client_config, bootstrap_servers=self.bootstrap, extra={
             # The Java client's partitioner: the same key lands where a Kafka Streams
             # application (or any Java producer) would put it.
             "partitioner": "murmur2_random",
-            **self.client_config,
-            "enable.idempotence": True,
-            "acks": "all",
             # Delivery callbacks only for failures: a Python call per record less; success is
             # the queue draining (flush) without one.
             "delivery.report.only.error": True,
-        }
+        })
         if self.exactly_once:
             who = self.instance_id or f"{socket.gethostname()}-{os.getpid()}"
             pconf["transactional.id"] = f"{self.plan.app_id}-repartition-{who}"

@@ -43,6 +43,7 @@ from grudge_stream.checkpoint.format import (
 )
 from grudge_stream.exceptions import CheckpointError, ConfigError, SnapshotError
 from grudge_stream.hashing import crc32c
+from grudge_stream.kafkaconf import producer_config as kafka_producer_config
 
 log = logging.getLogger("grudge_stream.checkpoint")
 
@@ -154,16 +155,8 @@ class CheckpointStore:
         # Security and pass-through properties of every client made here (producer, readers,
         # admin): grudge_stream.kafkaconf.client_config(settings).
         self._client_config: dict = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
-        self._producer_config: dict = {
-            "bootstrap.servers": bootstrap_servers,
-            "linger.ms": 0,
-            "compression.type": "lz4",
-            "message.max.bytes": 1024 * 1024 + 4096,
-            **(client_config or {}),
-            "enable.idempotence": True,
-            "acks": "all",
-            **(producer_config or {}),
-        }
+        self._producer_config: dict = kafka_producer_config(
+            client_config or {}, bootstrap_servers=bootstrap_servers, linger_ms=0, extra=producer_config)
         self._consumer_config = {
             "bootstrap.servers": bootstrap_servers,
             "group.id": f"grudge-checkpoint-reader-{uuid.uuid4().hex[:8]}",

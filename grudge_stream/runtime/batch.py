@@ -271,7 +271,7 @@ def run_batch_worker(topology: Topology, settings: Settings) -> int:
                         client_config=worker.client_config)
     try:
         return worker.run()
-    except CheckpointError as exc:
+    except (CheckpointError, DeliveryError) as exc:  # the worker stopped without a snapshot past it
         log.error("%s", exc)
         return 2
     finally:
