@@ -25,12 +25,13 @@ the key's generation is forgotten (at most G·period_ms).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping
 
 from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id, with_id_header
 from grudge_stream.operators.stateful import BloomOperator
+from grudge_stream.sketches.bloom_config import BloomConfig
 
 EVENTS = {"seen": 0.0, "accepted": 1.0, "rejected": 2.0}
 
@@ -40,24 +41,13 @@ class KnownKeyOperator(BloomOperator):
     state_keys = ("bloom",)
     needs_headers = True  # a check request carries its source record's headers (tracing ids)
 
-    def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: BloomConfig | Mapping,
                  codec: EventCodec | None = None, **common: Any) -> None:
         codec = codec or EventCodec(value_field="event", outcomes=EVENTS, allow_numbers=False)
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
                          codec=codec, **common)
-        from grudge_stream import ForgettingBloom
-
-        self.bloom_config = dict(bloom)
-        self.bloom = self._keyed(ForgettingBloom(**self.bloom_config))
+        self._typed_bloom(bloom)
         self.counters.update(checks=0, skipped=0, accepted=0, rejected=0)
-
-    def config_dict(self) -> dict:
-        # The default overload is left out, so state written before the setting existed
-        # keeps its fingerprint.
-        conf = dict(self.bloom_config)
-        if conf.get("overload") == "shrink_window":
-            del conf["overload"]
-        return {"bloom": conf}
 
     def validate_event(self, ev: Event) -> None:
         if ev.value not in (0.0, 1.0, 2.0):

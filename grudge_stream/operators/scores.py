@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_left
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -39,8 +39,14 @@ from grudge_stream.operators.codec import (
 )
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.operators.saturation import score_saturation
-from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms, decay_of
+from grudge_stream.operators.sketchconf import (
+    build_score_sketch,
+    config_identity,
+    decay_lambda_per_ms,
+    score_sketch_config,
+)
 from grudge_stream.operators.stateful import SketchAlertOperator
+from grudge_stream.sketches.score_config import Exponential, Linear, ScoreSketchConfig
 
 EMIT_MODES = ("none", "crossings", "every")
 SCORE_MODES = ("single", "split")
@@ -50,7 +56,8 @@ class FeedbackScoreOperator(SketchAlertOperator):
     kind = "feedback_scores"
     state_keys = ("sketch",)
 
-    def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int,
+                 sketch: ScoreSketchConfig | Mapping,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
                  latch_capacity: int = 100_000, sweep_interval_ms: int = 10_000,
                  emit_scores: str = "crossings", score_mode: str = "single", **common: Any) -> None:
@@ -65,7 +72,9 @@ class FeedbackScoreOperator(SketchAlertOperator):
         if score_mode == "split":
             # The mode shapes the state; "single" stays out of it so its snapshots keep restoring.
             self.state_keys = ("sketch", "score_mode")
-        self.sketch_config = dict(sketch)
+        # Typed once, here; its fingerprint form as given (operators/sketchconf.py).
+        self.sketch_config = score_sketch_config(sketch)
+        self._sketch_identity = config_identity(sketch, self.sketch_config)
         self.sketch = self._keyed(build_score_sketch(self.sketch_config, split=score_mode == "split"))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.sweep_interval_ms = int(sweep_interval_ms)
@@ -76,19 +85,18 @@ class FeedbackScoreOperator(SketchAlertOperator):
         self.counters.update(alerts_raised=0, alerts_cleared=0)
 
     def time_scale_ms(self) -> float | None:
-        from grudge_stream.sketches.score_config import Exponential, Linear
-
-        decay = decay_of(self.sketch_config)
+        conf = self.sketch_config
+        decay = conf.decay
         if isinstance(decay, Exponential) and decay.lambda_per_s > 0:
             return 1000.0 / decay.lambda_per_s
         if isinstance(decay, Linear) and decay.rate_per_s > 0:
-            span = float(self.sketch_config.get("hi", 1.0)) - float(self.sketch_config.get("lo", 0.0))
+            span = conf.hi - conf.lo
             return 1000.0 * span / decay.rate_per_s if span != float("inf") else None
         return None
 
     def config_dict(self) -> dict:
         return {
-            "sketch": self.sketch_config,
+            "sketch": self._sketch_identity,
             "raise_at": self.latch.raise_at,
             "clear_at": self.latch.clear_at,
             "latch_capacity": self.latch.capacity,
