@@ -14,13 +14,12 @@ sweep at each report.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Mapping
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.alerts import AlertLatch
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
+from grudge_stream.operators.records import OutputRecord, Source, SourceRecord, TopKEntry, TopKReport, output_id
 from grudge_stream.operators.saturation import countmin_saturation
 from grudge_stream.operators.sketchconf import build_countmin, config_identity, countmin_config
 from grudge_stream.operators.stateful import SketchAlertOperator
@@ -98,18 +97,16 @@ class HeavyHitterOperator(SketchAlertOperator):
         last = now_ms // interval * interval
         for end in range(max(first, last - (MAX_CATCHUP_REPORTS - 1) * interval), last + 1, interval):
             start = end - interval
-            top = [{**key_fields(k if isinstance(k, bytes) else str(k).encode()), "estimate": int(e)}
-                   for k, e in sketch.top(self.top_k, now_ms=end)]
+            top = tuple(TopKEntry(k if isinstance(k, bytes) else str(k).encode(), int(e))
+                        for k, e in sketch.top(self.top_k, now_ms=end))
             key = str(start).encode()
-            body = {"id": output_id(self.operator_id, rec.partition, rec.offset, "report", key),
-                    "operator": self.operator_id, "partition": self.partition,
-                    "partitions": self.source_partition_count, "interval_start_ms": start,
-                    "interval_end_ms": end, "event_time_ms": end, "k": self.top_k, "top": top,
-                    "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
+            report = TopKReport(output_id(self.operator_id, rec.partition, rec.offset, "report", key),
+                                self.operator_id, self.partition, self.source_partition_count, start, end,
+                                end, self.top_k, top, Source.of(rec))
             self.counters["reports"] += 1
             # Keyed by the interval start: every partition's report of one interval lands in
             # the same partition of the reports topic.
-            out.append(OutputRecord("reports", key, json.dumps(body, separators=(",", ":")).encode()))
+            out.append(report.output(key))
 
     def saturation(self) -> list:
         return countmin_saturation(self.sketch, raise_at=self.latch.raise_at)

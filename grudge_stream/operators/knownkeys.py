@@ -24,12 +24,17 @@ the key's generation is forgotten (at most G·period_ms).
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
-from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id, with_id_header
+from grudge_stream.operators.records import (
+    KeyCheck,
+    OutputRecord,
+    Source,
+    SourceRecord,
+    output_id,
+    with_id_header,
+)
 from grudge_stream.operators.stateful import BloomOperator
 from grudge_stream.sketches.bloom_config import BloomConfig
 
@@ -65,11 +70,9 @@ class KnownKeyOperator(BloomOperator):
         else:
             self.counters["checks"] += 1
             oid = output_id(self.operator_id, rec.partition, rec.offset, "check", ev.key)
-            body = {"id": oid, "operator": self.operator_id, **key_fields(ev.key), "event_time_ms": now_ms,
-                    "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
+            check = KeyCheck(oid, self.operator_id, ev.key, now_ms, Source.of(rec))
             # The id also replaces any grudge-id header the source record carried.
-            out.append(OutputRecord("checks", ev.key, json.dumps(body, separators=(",", ":")).encode(),
-                                    with_id_header(rec.headers, oid), rec.timestamp_ms))
+            out.append(check.output(ev.key, with_id_header(rec.headers, oid), rec.timestamp_ms))
 
     def describe_key(self, key: bytes) -> dict:
         """Whether the key is known (accepted inside the window: its next ``seen`` skips the

@@ -23,16 +23,22 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import json
 from typing import Any, Mapping
 
 from grudge_stream.exceptions import ConfigError, MismatchError
-from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
+from grudge_stream.operators.records import (
+    OutputRecord,
+    RateDecision,
+    RequestId,
+    Source,
+    SourceRecord,
+    output_id,
+)
 from grudge_stream.recipes import TokenBucket, TokenBucketConfig
 
+_NO_REQUEST_ID = RequestId(None)
 _BUCKET_FIELDS = frozenset(f.name for f in dataclasses.fields(TokenBucketConfig))
 
 # Request ids longer than this are echoed as their SHA-256 and length, not as themselves:
@@ -66,20 +72,24 @@ class RequestCodec(EventCodec):
         return (cost, rid)
 
 
-def request_id_fields(rid: Any) -> dict:
-    """The decision's ``request_id`` field(s) for an id from a header (bytes) or a field."""
+def request_id_of(rid: Any) -> RequestId:
+    """The decision's ``RequestId`` for an id from a header (bytes) or a field."""
     if rid is None or isinstance(rid, int):
-        return {"request_id": rid}
+        return RequestId(rid)
     raw = rid.encode("utf-8") if isinstance(rid, str) else bytes(rid)
     if len(raw) > MAX_REQUEST_ID_BYTES:
-        return {"request_id": None, "request_id_sha256": hashlib.sha256(raw).hexdigest(),
-                "request_id_bytes": len(raw)}
+        return RequestId(None, request_id_sha256=hashlib.sha256(raw).hexdigest(), request_id_bytes=len(raw))
     if isinstance(rid, str):
-        return {"request_id": rid}
+        return RequestId(rid)
     try:
-        return {"request_id": raw.decode("utf-8")}
+        return RequestId(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        return {"request_id": None, "request_id_b64": base64.b64encode(raw).decode("ascii")}
+        return RequestId(None, request_id_b64=base64.b64encode(raw).decode("ascii"))
+
+
+def request_id_fields(rid: Any) -> dict:
+    """The decision's ``request_id`` field(s) for an id from a header (bytes) or a field."""
+    return request_id_of(rid).body()
 
 
 class RateLimitOperator(Operator):
@@ -159,15 +169,10 @@ class RateLimitOperator(Operator):
                 if name == self.request_id_header and hv is not None:
                     rid = hv  # the header wins over the field
                     break
-        rid_fields = {"request_id": rid} if rid is None else request_id_fields(rid)
-        body = {"id": output_id(self.operator_id, rec.partition, rec.offset, "decision", ev.key),
-                "operator": self.operator_id, **key_fields(ev.key), **rid_fields,
-                "allowed": allowed, "retry_after_ms": retry, "cost": cost,
-                "event_time_ms": now_ms,
-                "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
-        if action is not None:
-            body["override"] = action
-        out.append(OutputRecord("decisions", ev.key, json.dumps(body, separators=(",", ":")).encode()))
+        decision = RateDecision(output_id(self.operator_id, rec.partition, rec.offset, "decision", ev.key),
+                                self.operator_id, ev.key, _NO_REQUEST_ID if rid is None else request_id_of(rid),
+                                allowed, retry, cost, now_ms, Source.of(rec), action)
+        out.append(decision.output(ev.key))
 
     def saturation(self) -> list:
         from grudge_stream.operators.saturation import bucket_saturation

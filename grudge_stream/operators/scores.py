@@ -20,7 +20,6 @@ them whenever the watermark crosses a multiple of ``sweep_interval_ms``.
 """
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_left
 from typing import Any, Mapping
@@ -29,7 +28,7 @@ import numpy as np
 
 from grudge_stream._cyext import _ingest
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.alerts import AlertLatch
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import (
     CACHE_MAX_ENTRIES,
@@ -37,7 +36,7 @@ from grudge_stream.operators.codec import (
     Event,
     EventCodec,
 )
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
 from grudge_stream.operators.saturation import score_saturation
 from grudge_stream.operators.sketchconf import (
     build_score_sketch,
@@ -270,16 +269,5 @@ def _score_record(operator_id: str, key: bytes, score: float, now_ms: int, rec: 
                   state: str | None) -> bytes:
     """A ``scores`` record; its ``id`` (docs/runtime.md, "Output ids") is the same in every
     replay of the record, so a consumer drops the copies a restart re-emits."""
-    from grudge_stream.operators.records import output_id
-
-    body: dict[str, Any] = {
-        "id": output_id(operator_id, rec.partition, rec.offset, "score", key),
-        "operator": operator_id,
-        **key_fields(key),
-        "score": score,
-        "event_time_ms": now_ms,
-        "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},
-    }
-    if state is not None:
-        body["crossing"] = state
-    return json.dumps(body, separators=(",", ":")).encode()
+    return ScoreUpdate(output_id(operator_id, rec.partition, rec.offset, "score", key), operator_id, key,
+                       score, now_ms, Source.of(rec), state).to_bytes()

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 from grudge_stream.exceptions import MismatchError
 from grudge_stream.operators.alerts import AlertLatch
 from grudge_stream.operators.base import Operator
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord, Source, SourceRecord
 from grudge_stream.operators.sketchconf import bloom_config, build_bloom, config_identity
 from grudge_stream.sketches.bloom_config import BloomConfig
 
@@ -57,10 +57,10 @@ class SketchAlertOperator(Operator):
     def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
                out: list[OutputRecord], override: str | None = None) -> None:
         self.counters["alerts_" + state] += 1
-        body = self.latch.make_alert(
-            operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
-            topic=rec.topic, partition=rec.partition, offset=rec.offset, override=override)
-        out.append(OutputRecord("alerts", key, body))
+        alert = self.latch.alert(operator_id=self.operator_id, key=key, state=state, score=score,
+                                 event_time_ms=now_ms, source=Source.of(rec), override=override)
+        body = alert.to_bytes()
+        out.append(OutputRecord(alert.role, key, body))
         out.append(OutputRecord("alert_state", key, body if state == "raised" else None))
         evicted = self.latch.evicted
         if evicted:
