@@ -4,7 +4,7 @@ Inputs are ``SourceRecord``; outputs are ``OutputRecord`` (what the runtimes pub
 whose JSON values are built from the typed records below: one frozen dataclass per kind
 of output (``Alert``, ``ScoreUpdate``, ``RateDecision``, ``KeyCheck``, ``TopKReport``,
 ``GlobalTopKReport``), each with its fields in wire order. ``to_bytes()`` is the compact
-JSON of ``body()``; optional fields that are ``None`` stay out of it (docs/formats.md).
+JSON of ``body()``; optional fields that are ``None`` stay out of it (docs/runtime.md).
 """
 from __future__ import annotations
 
