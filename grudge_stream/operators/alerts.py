@@ -20,6 +20,9 @@ from grudge_stream.operators.records import Alert, Source, key_fields  # noqa: F
 
 _ENTRY = struct.Struct("<dI")
 
+#: Raised keys an alert latch holds at most, unless told otherwise (its ``capacity``).
+LATCH_CAPACITY = 100_000
+
 
 def alert_id(operator_id: str, partition: int, offset: int, state: str, key: bytes) -> str:
     """Deterministic alert id: a consumer drops duplicates after a crash replay with it.
@@ -36,7 +39,7 @@ def alert_id(operator_id: str, partition: int, offset: int, state: str, key: byt
 class AlertLatch:
     """The bounded set of currently raised keys, with hysteresis."""
 
-    def __init__(self, raise_at: float, clear_at: float, capacity: int = 100_000) -> None:
+    def __init__(self, raise_at: float, clear_at: float, capacity: int = LATCH_CAPACITY) -> None:
         if not (clear_at < raise_at):
             raise ConfigError(f"clear_at ({clear_at}) must be below raise_at ({raise_at})")
         if capacity < 1:

@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.alerts import AlertLatch
+from grudge_stream.operators.alerts import LATCH_CAPACITY, AlertLatch
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, Source, SourceRecord, TopKEntry, TopKReport, output_id
 from grudge_stream.operators.saturation import countmin_saturation
@@ -37,7 +37,7 @@ class HeavyHitterOperator(SketchAlertOperator):
     def __init__(self, *, operator_id: str, source_topic: str, partition: int,
                  sketch: CountMinConfig | Mapping,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
-                 top_k: int = 100, report_interval_ms: int = 10_000, latch_capacity: int = 100_000,
+                 top_k: int = 100, report_interval_ms: int = 10_000, latch_capacity: int = LATCH_CAPACITY,
                  **common: Any) -> None:
         codec = codec or EventCodec(encoding="raw")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,

@@ -28,7 +28,7 @@ import numpy as np
 
 from grudge_stream._cyext import _ingest
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.alerts import AlertLatch
+from grudge_stream.operators.alerts import LATCH_CAPACITY, AlertLatch
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import (
     CACHE_MAX_ENTRIES,
@@ -58,7 +58,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
     def __init__(self, *, operator_id: str, source_topic: str, partition: int,
                  sketch: ScoreSketchConfig | Mapping,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
-                 latch_capacity: int = 100_000, sweep_interval_ms: int = 10_000,
+                 latch_capacity: int = LATCH_CAPACITY, sweep_interval_ms: int = 10_000,
                  emit_scores: str = "crossings", score_mode: str = "single", **common: Any) -> None:
         codec = codec or EventCodec(outcomes={"bad": 0.04, "good": -0.001}, value_field="outcome")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
