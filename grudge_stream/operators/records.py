@@ -3,7 +3,7 @@
 Inputs are ``SourceRecord``; outputs are ``OutputRecord`` (what the runtimes publish),
 whose JSON values are built from the typed records below: one frozen dataclass per kind
 of output (``Alert``, ``ScoreUpdate``, ``RateDecision``, ``KeyCheck``, ``TopKReport``,
-``GlobalTopKReport``), each with its fields in wire order. ``to_bytes()`` is the compact
+``GlobalTopKReport``, ``DeadLetter``), each with its fields in wire order. ``to_bytes()`` is the compact
 JSON of ``body()``; optional fields that are ``None`` stay out of it (docs/runtime.md).
 """
 from __future__ import annotations
@@ -338,3 +338,49 @@ class GlobalTopKReport(TypedRecord):
                 "interval_start_ms": self.interval_start_ms, "interval_end_ms": self.interval_end_ms,
                 "closed_by": self.closed_by, **self.merged.body(), "event_time_ms": self.event_time_ms,
                 "source": self.source.body()}
+
+
+@dataclass(frozen=True, slots=True)
+class CutBytes:
+    """A dead letter's copy of a key or value: base64 of (a prefix of) the bytes; ``size``
+    and ``sha256`` of the whole when it had to be cut. ``b64=None``: there were none."""
+
+    b64: str | None
+    size: int | None = None
+    sha256: str | None = None
+
+    def fields(self, name: str) -> dict:
+        body: dict[str, Any] = {name + "_b64": self.b64}
+        if self.size is not None:
+            body[name + "_bytes"] = self.size
+            body[name + "_sha256"] = self.sha256
+            body[name + "_truncated"] = True
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(TypedRecord):
+    """A record that could not be processed (or an output that could not be delivered):
+    the ``reason``, where it came from (``source``: topic, partition, offset and record
+    timestamp; None for an undeliverable output), ``extra`` fields, and the original key
+    and value (``operators.base.dead_letter_record`` cuts them to fit the topic)."""
+
+    role: ClassVar[str] = "dead_letters"
+    id: str
+    reason: str
+    operator: str
+    source: dict | None
+    extra: dict | None = None
+    key: CutBytes | None = None
+    value: CutBytes | None = None
+
+    def body(self) -> dict:
+        body: dict[str, Any] = {"id": self.id, "reason": self.reason, "operator": self.operator,
+                                "source": self.source}
+        if self.extra:
+            body.update(self.extra)
+        if self.key is not None:
+            body.update(self.key.fields("key"))
+        if self.value is not None:
+            body.update(self.value.fields("value"))
+        return body

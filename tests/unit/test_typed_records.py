@@ -9,10 +9,13 @@ import pytest
 
 from grudge_stream.operators import SourceRecord
 from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.base import dead_letter_record
 from grudge_stream.operators.globaltopk import GlobalTopKOperator
 from grudge_stream.operators.ratelimit import RateLimitOperator, request_id_fields, request_id_of
 from grudge_stream.operators.records import (
     Alert,
+    CutBytes,
+    DeadLetter,
     GlobalTopKEntry,
     GlobalTopKReport,
     KeyCheck,
@@ -136,3 +139,81 @@ def test_unkeyed_global_reports_and_request_id_forms_are_the_same_bytes() -> Non
             SourceRecord("t", 0, 2, 1000, b"\xfa", b'{"cost":2,"request_id":"q"}')]
     out = rl.process(recs, processing_ms=1000)
     assert [(o.role, o.key, o.value) for o in out] == PINNED_DECISIONS
+
+
+DEAD_LETTER_CASES = [
+    ("op", "bad json", {"topic": "t", "partition": 1, "offset": 2, "timestamp_ms": 3}, b"k", b"v" * 10, 1000, None),
+    ("op", "r" * 3000, {"topic": "t", "partition": 1, "offset": 2, "timestamp_ms": 3}, b"k" * 5000, b"v" * 90000,
+     4000, None),
+    ("op", "undeliverable", None, None, b"\xff" * 700, 1200, {"output": {"role": "alerts", "topic": "a"}}),
+    ("op", "x", None, b"kk", None, 1000, {"stage": "repartition"}),
+]
+# Computed with dead_letter_record before DeadLetter existed (a cut key and value included).
+PINNED_DEAD_LETTERS = [('dead_letters',
+  b'k',
+  b'{"id":"67b58e7c194c66037a7f0122c7be6a0e","reason":"bad json","operator":"op","source":{"topic":"t","part'
+  b'ition":1,"offset":2,"timestamp_ms":3},"key_b64":"aw==","value_b64":"dnZ2dnZ2dnZ2dg=="}'),
+ ('dead_letters',
+  b'sha256:622b8b1d5094d382aa519349554c0ea84a43c90b4aad7ddfae8f338690c7f7ea',
+  b'{"id":"553771e4f641252a49a4c292df19e0d7","reason":"rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'
+  b'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr...","operator":"op","source"'
+  b':{"topic":"t","partition":1,"offset":2,"timestamp_ms":3},"key_b64":"a2tra2tra2tra2tra2tra2tra2tra2tra2tr'
+  b'a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tr'
+  b'a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tr'
+  b'a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tr'
+  b'a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tr'
+  b'a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tr'
+  b'a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2tr'
+  b'a2tra2tra2tra2tra2tra2tra2tra2tra2tr","key_bytes":5000,"key_sha256":"622b8b1d5094d382aa519349554c0ea84a4'
+  b'3c90b4aad7ddfae8f338690c7f7ea","key_truncated":true,"value_b64":"dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ'
+  b'2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ'
+  b'2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ'
+  b'2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ'
+  b'2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ'
+  b'2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2","'
+  b'value_bytes":90000,"value_sha256":"68f767290cf5a376831ed2f055d1ef6f194a7d232042b9ddfa7065dc1367507e","va'
+  b'lue_truncated":true}'),
+ ('dead_letters',
+  None,
+  b'{"id":"96f51203fcc199e15b5d91fa88024f70","reason":"undeliverable","operator":"op","source":null,"output"'
+  b':{"role":"alerts","topic":"a"},"key_b64":null,"value_b64":"/////////////////////////////////////////////'
+  b'////////////////////////////////////////////////////////////////////////////////////////////////////////'
+  b'////////////////////////////////////////////////////////////////////////////////////////////////////////'
+  b'////////////////////////////////////////////////////////////////////////////////////////////////////////'
+  b'////////////////////////////////////////////////////////////////////////////////////////////////////////'
+  b'////////////////////////////////////////////////////////////////////////////////////////////////////////'
+  b'///////////////////////////////////////////////////////////////////////////////////////////////","value_'
+  b'bytes":700,"value_sha256":"77e7fe2d3aa648f268d4a74851f11806e18283aa8c4988cb5a6b89b120d51616","value_trun'
+  b'cated":true}'),
+ ('dead_letters',
+  b'kk',
+  b'{"id":"4ab71ff18e31838c9191ac64324bc840","reason":"x","operator":"op","source":null,"stage":"repartition'
+  b'","key_b64":"a2s=","value_b64":null}')]
+
+
+def test_dead_letters_are_the_same_bytes() -> None:
+    got = [dead_letter_record(*c[:6], extra=c[6]) for c in DEAD_LETTER_CASES]
+    assert [(o.role, o.key, o.value) for o in got] == PINNED_DEAD_LETTERS
+    cut = json.loads(got[1].value)
+    assert cut["key_truncated"] is True and cut["value_bytes"] == 90000
+    assert len(got[1].key) + len(got[1].value) <= 4000
+    dl = DeadLetter("i", "why", "op", None, None, CutBytes("aw=="), CutBytes(None))
+    assert dl.to_bytes() == b'{"id":"i","reason":"why","operator":"op","source":null,"key_b64":"aw==","value_b64":null}'
