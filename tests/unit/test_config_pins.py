@@ -133,3 +133,20 @@ def test_output_records_are_the_same_bytes(name: str, path: str) -> None:
         out = op.process_columns(topo.source_topic, 0, [r.offset for r in recs], [r.timestamp_ms for r in recs],
                                  [r.key for r in recs], [r.value for r in recs], processing_ms=10_000_000)
     assert _wire(out) == OUTPUT_PINS[name]
+
+
+# Snapshots written by the release before the typed configs (small shapes, 5 records each).
+SNAPSHOT_SETTINGS = {"abuse_scores": {"cells_per_level": "64"}, "rate_limit": {"cells_per_level": "64"},
+                     "heavy_hitters": {"width": "64"}, "dedup": {"capacity": "100"},
+                     "known_keys": {"capacity": "100"}, "heavy_global": {}}
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOT_SETTINGS))
+def test_snapshots_written_before_the_typed_configs_restore(name: str) -> None:
+    with open(os.path.join(DATA, "snapshots", name + ".snapshot"), "rb") as f:
+        blob = f.read()
+    topo = load_topology(name, Settings({**SNAPSHOT_SETTINGS[name], "seed": SEED}, environ={}))
+    op = topo.make_operator(0)
+    op.restore(blob)
+    assert op.next_offset == 5
+    assert op.snapshot() == blob
