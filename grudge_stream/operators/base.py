@@ -33,7 +33,6 @@ sequence of smaller batches gives identical outputs and identical snapshots.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import base64
 import hashlib
 import time
@@ -113,7 +112,7 @@ def dead_letter_record(operator_id: str, reason: str, source: dict | None, key: 
     room = max(0, limit - fixed)
     kf, used = _cut_field(key, room if value is None else max(room // 2, room - (-(-len(value) // 3) * 4)))
     vf, _ = _cut_field(value, room - used)
-    return dataclasses.replace(head, key=kf, value=vf).output(rkey)
+    return head._replace(key=kf, value=vf).output(rkey)
 
 
 class Operator(abc.ABC):
