@@ -9,13 +9,14 @@ bucket (so a fresh key starts full), and a request of ``cost`` is admitted iff
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping, Optional
 
 from grudge_stream.exceptions import ConfigError, InvalidInputError
 from grudge_stream.sketches.score import Linear, ScoreSketch
+from grudge_stream.sketches.score_config import ScoreSketchConfig, _fields_of, resolve_seed
 
-__all__ = ["Decision", "TokenBucket"]
+__all__ = ["Decision", "TokenBucket", "TokenBucketConfig"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,69 @@ def _positive(value: Any, what: str, *, allow_zero: bool = False, allow_inf: boo
     return v
 
 
+@dataclass(frozen=True)
+class TokenBucketConfig:
+    """The validated configuration of a :class:`TokenBucket` (each default lives here).
+
+    ``rate_per_s`` (> 0) refills, ``burst`` (> 0) is the capacity, ``reject_penalty``
+    (>= 0) is the debt a refused request adds, ``max_debt`` (>= burst; None: ``burst``
+    without a penalty, unbounded with one) caps the debt; ``levels``, ``cells_per_level``,
+    ``hasher`` and ``seed`` shape the ScoreSketch (``sketch_config``) that holds the debts.
+    """
+
+    rate_per_s: float
+    burst: float
+    reject_penalty: float = 0.0
+    max_debt: Optional[float] = None
+    levels: int = 4
+    cells_per_level: int = 100_000
+    hasher: str = "siphash"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        rate = _positive(self.rate_per_s, "rate_per_s")
+        burst = _positive(self.burst, "burst")
+        penalty = _positive(self.reject_penalty, "reject_penalty", allow_zero=True)
+        max_debt = self.max_debt
+        if max_debt is not None:
+            max_debt = _positive(max_debt, "max_debt", allow_inf=True)
+            if max_debt < burst:
+                raise ConfigError(f"max_debt must be >= burst ({burst!r}), got {self.max_debt!r}")
+        for name, value in (("rate_per_s", rate), ("burst", burst), ("reject_penalty", penalty),
+                            ("max_debt", max_debt), ("seed", resolve_seed(self.seed))):
+            object.__setattr__(self, name, value)
+        self.sketch_config  # the sketch's shape is checked here too
+
+    @property
+    def debt_cap(self) -> float:
+        """The sketch's ``hi``: ``max_debt``, or its default."""
+        if self.max_debt is not None:
+            return self.max_debt
+        return self.burst if self.reject_penalty == 0.0 else math.inf
+
+    @property
+    def sketch_config(self) -> ScoreSketchConfig:
+        """The ScoreSketch of the debts: Linear refill, ``lo=0`` (a fresh key's bucket is full)."""
+        return ScoreSketchConfig(levels=self.levels, cells_per_level=self.cells_per_level,
+                                 decay=Linear(self.rate_per_s), lo=0.0, hi=self.debt_cap,
+                                 aggregator="min", hasher=self.hasher, seed=self.seed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def kwargs(self) -> dict:
+        """The config as TokenBucket constructor arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of(cls, conf: Any) -> "TokenBucketConfig":
+        """``conf`` itself, or the config a dict names: an absent field takes its default
+        here, an unknown field is a ConfigError."""
+        if isinstance(conf, cls):
+            return conf
+        return cls(**_fields_of(cls, conf, "TokenBucket"))
+
+
 class TokenBucket:
     """Per-key token buckets for unbounded key spaces, in fixed memory.
 
@@ -74,35 +138,27 @@ class TokenBucket:
         *,
         rate_per_s: float,
         burst: float,
-        reject_penalty: float = 0.0,
-        max_debt: Optional[float] = None,
-        levels: int = 4,
-        cells_per_level: int = 100_000,
-        hasher: str = "siphash",
+        reject_penalty: float = TokenBucketConfig.reject_penalty,
+        max_debt: Optional[float] = TokenBucketConfig.max_debt,
+        levels: int = TokenBucketConfig.levels,
+        cells_per_level: int = TokenBucketConfig.cells_per_level,
+        hasher: str = TokenBucketConfig.hasher,
         seed: Optional[int] = None,
         clock: Any = None,
     ) -> None:
-        self.rate_per_s = _positive(rate_per_s, "rate_per_s")
-        self.burst = _positive(burst, "burst")
-        self.reject_penalty = _positive(reject_penalty, "reject_penalty", allow_zero=True)
-        if max_debt is None:
-            hi = self.burst if self.reject_penalty == 0.0 else math.inf
-        else:
-            hi = _positive(max_debt, "max_debt", allow_inf=True)
-            if hi < self.burst:
-                raise ConfigError(f"max_debt must be >= burst ({self.burst!r}), got {max_debt!r}")
-        self.max_debt = hi
-        self._sketch = ScoreSketch(
-            levels=levels,
-            cells_per_level=cells_per_level,
-            decay=Linear(self.rate_per_s),
-            lo=0.0,
-            hi=hi,
-            aggregator="min",
-            hasher=hasher,
-            seed=seed,
-            clock=clock,
-        )
+        config = TokenBucketConfig(rate_per_s=rate_per_s, burst=burst, reject_penalty=reject_penalty,
+                                   max_debt=max_debt, levels=levels, cells_per_level=cells_per_level,
+                                   hasher=hasher, seed=resolve_seed(seed))
+        self.rate_per_s = config.rate_per_s
+        self.burst = config.burst
+        self.reject_penalty = config.reject_penalty
+        self.max_debt = config.debt_cap
+        self._sketch = ScoreSketch(**config.sketch_config.kwargs(), clock=clock)
+
+    @classmethod
+    def from_config(cls, config: "TokenBucketConfig | Mapping", clock: Any = None) -> "TokenBucket":
+        """A bucket from its config object (or a dict of its fields)."""
+        return cls(**TokenBucketConfig.of(config).kwargs(), clock=clock)
 
     @classmethod
     def from_sketch(

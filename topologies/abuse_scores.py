@@ -21,6 +21,7 @@ from __future__ import annotations
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.scores import EMIT_MODES, SCORE_MODES, FeedbackScoreOperator
 from grudge_stream.settings import Setting, identity, require_order
+from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
@@ -54,15 +55,15 @@ def validate(v: dict) -> None:
 
 def build(settings: Settings) -> Topology:
     g = settings.get
-    sketch = {
-        "levels": g("levels", 4),
-        "cells_per_level": g("cells_per_level", 100_000),
-        "decay": {"kind": "exponential", "lambda_per_s": g("decay_per_s", 0.01)},
-        "lo": 0.0,
-        "hi": 1.0,
-        "aggregator": "min",
-        "hasher": "siphash",
-    }
+    sketch = ScoreSketchConfig(
+        levels=g("levels", 4),
+        cells_per_level=g("cells_per_level", 100_000),
+        decay=Exponential(g("decay_per_s", 0.01)),
+        lo=0.0,
+        hi=1.0,
+        aggregator="min",
+        hasher="siphash",
+    )
     common = operator_settings(settings, "abuse_scores")
     codec = EventCodec(
         encoding="json",

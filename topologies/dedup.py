@@ -23,7 +23,7 @@ from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.repartition import SETTING as REPARTITION
 from grudge_stream.repartition import plan as repartition_plan
 from grudge_stream.settings import Setting, identity
-from grudge_stream.sketches.bloom_config import OVERLOAD_MODES
+from grudge_stream.sketches.bloom_config import OVERLOAD_MODES, BloomConfig
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
@@ -46,9 +46,9 @@ SETTINGS = [
 def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "dedup-in")
     operator_id = settings.get("operator_id", "dedup")
-    bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
-             "period_ms": settings.get("period_ms", 3_600_000), "hasher": "siphash",
-             "overload": settings.get("overload", "shrink_window")}
+    bloom = BloomConfig(capacity=settings.get("capacity", 1_000_000), fp_rate=settings.get("fp_rate", 0.001),
+                        period_ms=settings.get("period_ms", 3_600_000), hasher="siphash",
+                        overload=settings.get("overload", "shrink_window"))
     common = operator_settings(settings, "dedup")
     key_field = settings.get("key_field", None)
     dead_letters = settings.get("dead_letter_topic", "dedup-dead-letters")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.heavy import HeavyHitterOperator
+from grudge_stream.sketches.countmin_config import CountMinConfig
 from grudge_stream.repartition import SETTING as REPARTITION
 from grudge_stream.repartition import plan as repartition_plan
 from grudge_stream.exceptions import ConfigError
@@ -54,8 +55,8 @@ def validate(v: dict) -> None:
 def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "hh-requests")
     operator_id = settings.get("operator_id", "heavy-hitters")
-    sketch = {"depth": settings.get("depth", 4), "width": settings.get("width", 65_536),
-              "epoch_ms": settings.get("epoch_ms", 1000), "hasher": "siphash"}
+    sketch = CountMinConfig(depth=settings.get("depth", 4), width=settings.get("width", 65_536),
+                            epoch_ms=settings.get("epoch_ms", 1000), hasher="siphash")
     common = operator_settings(settings, "heavy_hitters")
     encoding = settings.get("encoding", "raw")
     keys = codec_settings(settings)

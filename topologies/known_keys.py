@@ -22,7 +22,7 @@ from grudge_stream.operators.knownkeys import EVENTS, KnownKeyOperator
 from grudge_stream.repartition import SETTING as REPARTITION
 from grudge_stream.repartition import plan as repartition_plan
 from grudge_stream.settings import Setting, identity
-from grudge_stream.sketches.bloom_config import OVERLOAD_MODES
+from grudge_stream.sketches.bloom_config import OVERLOAD_MODES, BloomConfig
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
@@ -45,9 +45,9 @@ SETTINGS = [
 def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "known-keys-events")
     operator_id = settings.get("operator_id", "known-keys")
-    bloom = {"capacity": settings.get("capacity", 1_000_000), "fp_rate": settings.get("fp_rate", 0.001),
-             "period_ms": settings.get("period_ms", 600_000), "hasher": "siphash",
-             "overload": settings.get("overload", "shrink_window")}
+    bloom = BloomConfig(capacity=settings.get("capacity", 1_000_000), fp_rate=settings.get("fp_rate", 0.001),
+                        period_ms=settings.get("period_ms", 600_000), hasher="siphash",
+                        overload=settings.get("overload", "shrink_window"))
     common = operator_settings(settings, "known_keys")
 
     key_field = settings.get("key_field", None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.ratelimit import RateLimitOperator, RequestCodec
+from grudge_stream.recipes import TokenBucketConfig
 from grudge_stream.settings import Setting, identity
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
@@ -45,13 +46,15 @@ SETTINGS = [
 def build(settings: Settings) -> Topology:
     source = settings.get("source_topic", "ratelimit-requests")
     operator_id = settings.get("operator_id", "rate-limit")
-    params = dict(
+    bucket = TokenBucketConfig(
         rate_per_s=settings.get("rate_per_s", 10.0),
         burst=settings.get("burst", 20.0),
         reject_penalty=settings.get("reject_penalty", 0.0),
         levels=settings.get("levels", 4),
         cells_per_level=settings.get("cells_per_level", 100_000),
         hasher="siphash",
+    )
+    params = dict(
         emit=settings.get("emit", "all"),
         default_cost=settings.get("default_cost", 1.0),
         request_id_header=settings.get("request_id_header", "request-id") or None,
@@ -63,7 +66,7 @@ def build(settings: Settings) -> Topology:
 
     def make_operator(partition: int) -> RateLimitOperator:
         return RateLimitOperator(operator_id=operator_id, source_topic=source, partition=partition,
-                                 codec=codec, **params, **common)
+                                 bucket=bucket, codec=codec, **params, **common)
 
     return Topology(
         name=settings.get("app_name") or "rate-limit",

@@ -11,15 +11,17 @@ overflow. Memory is bounded by ``capacity`` keys whatever the attack.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 import struct
 from typing import Callable, Iterator
 
 from grudge_stream.exceptions import ConfigError, SnapshotError
+from grudge_stream.operators.records import Alert, Source, key_fields  # noqa: F401 - key_fields re-exported
 
 _ENTRY = struct.Struct("<dI")
+
+#: Raised keys an alert latch holds at most, unless told otherwise (its ``capacity``).
+LATCH_CAPACITY = 100_000
 
 
 def alert_id(operator_id: str, partition: int, offset: int, state: str, key: bytes) -> str:
@@ -34,18 +36,10 @@ def alert_id(operator_id: str, partition: int, offset: int, state: str, key: byt
     return h.hexdigest()[:32]
 
 
-def key_fields(key: bytes) -> dict:
-    """JSON fields that carry a key: ``key`` as text when it is UTF-8, else ``key_b64``."""
-    try:
-        return {"key": key.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"key": None, "key_b64": base64.b64encode(key).decode("ascii")}
-
-
 class AlertLatch:
     """The bounded set of currently raised keys, with hysteresis."""
 
-    def __init__(self, raise_at: float, clear_at: float, capacity: int = 100_000) -> None:
+    def __init__(self, raise_at: float, clear_at: float, capacity: int = LATCH_CAPACITY) -> None:
         if not (clear_at < raise_at):
             raise ConfigError(f"clear_at ({clear_at}) must be below raise_at ({raise_at})")
         if capacity < 1:
@@ -153,18 +147,17 @@ class AlertLatch:
             raised = dict(keep)
         self._raised = raised
 
+    def alert(self, *, operator_id: str, key: bytes, state: str, score: float, event_time_ms: int,
+              source: Source, override: str | None = None) -> Alert:
+        """The ``Alert`` of a crossing (``override``: raised by a deny entry / cleared by an
+        allow entry); its threshold is the one crossed."""
+        return Alert(alert_id(operator_id, source.partition, source.offset, state, key), operator_id, key,
+                     state, score, self.raise_at if state == "raised" else self.clear_at, event_time_ms,
+                     source, override)
+
     def make_alert(self, *, operator_id: str, key: bytes, state: str, score: float, event_time_ms: int,
                    topic: str, partition: int, offset: int, override: str | None = None) -> bytes:
-        body = {
-            "alert_id": alert_id(operator_id, partition, offset, state, key),
-            "operator": operator_id,
-            **key_fields(key),
-            "state": state,
-            "score": score,
-            "threshold": self.raise_at if state == "raised" else self.clear_at,
-            "event_time_ms": event_time_ms,
-            "source": {"topic": topic, "partition": partition, "offset": offset},
-        }
-        if override is not None:
-            body["override"] = override  # raised by a deny entry / cleared by an allow entry
-        return json.dumps(body, separators=(",", ":")).encode()
+        """The alert's bytes on the wire (``alert(...).to_bytes()``)."""
+        return self.alert(operator_id=operator_id, key=key, state=state, score=score,
+                          event_time_ms=event_time_ms, source=Source(topic, partition, offset),
+                          override=override).to_bytes()

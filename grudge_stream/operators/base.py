@@ -35,7 +35,6 @@ from __future__ import annotations
 import abc
 import base64
 import hashlib
-import json
 import time
 from typing import Any, ClassVar, Sequence
 
@@ -43,7 +42,7 @@ from grudge_stream import envelope
 from grudge_stream.exceptions import ConfigError, MismatchError, SnapshotError
 from grudge_stream.hashkey import HashKey, key_fingerprint
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
+from grudge_stream.operators.records import CutBytes, DeadLetter, OutputRecord, SourceRecord, output_id
 
 SNAPSHOT_VERSION = 1
 FUTURE_POLICIES = ("clamp", "dead_letter")
@@ -72,17 +71,17 @@ def default_time_bounds(time_scale_ms: float | None) -> tuple[int, int]:
     return fut, late
 
 
-def _cut_field(data: bytes | None, budget_chars: int) -> tuple[dict, int]:
+def _cut_field(data: bytes | None, budget_chars: int) -> tuple[CutBytes, int]:
     """A dead-letter field for ``data``: base64 of as much as ``budget_chars`` allows, with the
-    full length and SHA-256 whenever it had to be cut. Returns (fields, chars used)."""
+    full length and SHA-256 whenever it had to be cut. Returns (field, chars used)."""
     if data is None:
-        return {"b64": None}, 4
+        return CutBytes(None), 4
     full = -(-len(data) // 3) * 4
     if full <= budget_chars:
-        return {"b64": base64.b64encode(data).decode("ascii")}, full + 8
+        return CutBytes(base64.b64encode(data).decode("ascii")), full + 8
     keep = max(0, budget_chars // 4 * 3)
-    return {"b64": base64.b64encode(data[:keep]).decode("ascii"), "bytes": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(), "truncated": True}, keep // 3 * 4 + 140
+    return (CutBytes(base64.b64encode(data[:keep]).decode("ascii"), len(data), hashlib.sha256(data).hexdigest()),
+            keep // 3 * 4 + 140)
 
 
 def dead_letter_record(operator_id: str, reason: str, source: dict | None, key: bytes | None,
@@ -108,20 +107,12 @@ def dead_letter_record(operator_id: str, reason: str, source: dict | None, key: 
     else:
         digest = hashlib.sha256(b"%d:%s%s" % (len(key or b""), key or b"", value or b"")).digest()
         oid = output_id(operator_id, -1, -1, "undeliverable", digest)
-    body: dict[str, Any] = {"id": oid, "reason": reason, "operator": operator_id, "source": source}
-    if extra:
-        body.update(extra)
-    fixed = len(json.dumps(body, separators=(",", ":"))) + (len(rkey) if rkey else 0) + 400
+    head = DeadLetter(oid, reason, operator_id, source, extra)
+    fixed = len(head.to_bytes()) + (len(rkey) if rkey else 0) + 400
     room = max(0, limit - fixed)
     kf, used = _cut_field(key, room if value is None else max(room // 2, room - (-(-len(value) // 3) * 4)))
     vf, _ = _cut_field(value, room - used)
-    for name, fields in (("key", kf), ("value", vf)):
-        body[name + "_b64"] = fields["b64"]
-        if fields.get("truncated"):
-            body[name + "_bytes"] = fields["bytes"]
-            body[name + "_sha256"] = fields["sha256"]
-            body[name + "_truncated"] = True
-    return OutputRecord("dead_letters", rkey, json.dumps(body, separators=(",", ":")).encode())
+    return head._replace(key=kf, value=vf).output(rkey)
 
 
 class Operator(abc.ABC):

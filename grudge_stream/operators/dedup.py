@@ -15,11 +15,12 @@ target, see ``fp_rate_estimate``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from grudge_stream.operators.codec import Event, EventCodec
 from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id, with_id_header
 from grudge_stream.operators.stateful import BloomOperator
+from grudge_stream.sketches.bloom_config import BloomConfig
 
 
 class DedupOperator(BloomOperator):
@@ -27,24 +28,13 @@ class DedupOperator(BloomOperator):
     state_keys = ("bloom",)
     needs_headers = True  # a forwarded record keeps its headers
 
-    def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: BloomConfig | Mapping,
                  codec: EventCodec | None = None, **common: Any) -> None:
         codec = codec or EventCodec(encoding="raw")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
                          codec=codec, **common)
-        from grudge_stream import ForgettingBloom
-
-        self.bloom_config = dict(bloom)
-        self.bloom = self._keyed(ForgettingBloom(**self.bloom_config))
+        self._typed_bloom(bloom)
         self.counters.update(forwarded=0, duplicates=0)
-
-    def config_dict(self) -> dict:
-        # The default overload is left out, so state written before the setting existed
-        # keeps its fingerprint.
-        conf = dict(self.bloom_config)
-        if conf.get("overload") == "shrink_window":
-            del conf["overload"]
-        return {"bloom": conf}
 
     def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
               out: list[OutputRecord]) -> None:

@@ -48,10 +48,17 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from grudge_stream.exceptions import ConfigError, SnapshotError
-from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec, _json_object
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
+from grudge_stream.operators.records import (
+    GlobalTopKEntry,
+    GlobalTopKReport,
+    MergedTopK,
+    OutputRecord,
+    Source,
+    SourceRecord,
+    output_id,
+)
 
 # Bounds a report must respect: a malformed (or hostile) report cannot make a record list
 # millions of missing partitions or hold millions of entries per interval.
@@ -257,20 +264,22 @@ class GlobalTopKOperator(Operator):
         del self.pending[iv.ident]
         if iv.end + self.grace_ms > now_ms:
             self.closed[iv.ident] = None
-        body = self.merge(iv)
+        merged = self.merged(iv)
         key = str(iv.start).encode()
         oid = output_id(self.operator_id, rec.partition, rec.offset, "global",
                         f"{iv.operator}\x00{iv.start}\x00{iv.end}".encode())
-        body = {"id": oid, "operator": self.operator_id, "source_operator": iv.operator,
-                "interval_start_ms": iv.start, "interval_end_ms": iv.end, "closed_by": why, **body,
-                "event_time_ms": now_ms,
-                "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
+        report = GlobalTopKReport(oid, self.operator_id, iv.operator, iv.start, iv.end, why, merged, now_ms,
+                                  Source.of(rec))
         self.counters["global_reports"] += 1
-        if body["missing"]:
+        if merged.missing:
             self.counters["incomplete"] += 1
-        out.append(OutputRecord("global_reports", key, json.dumps(body, separators=(",", ":")).encode()))
+        out.append(report.output(key))
 
     def merge(self, iv: _Interval) -> dict:
+        """The merged top-k of one interval's reports, as its JSON fields."""
+        return self.merged(iv).body()
+
+    def merged(self, iv: _Interval) -> MergedTopK:
         """The merged top-k of one interval's reports (docs/runtime.md, "Global top-k")."""
         ks = [k for k, _ in iv.reports.values()]
         k = min(ks) if ks else 0
@@ -291,20 +300,14 @@ class GlobalTopKOperator(Operator):
         ranked = sorted(sums.items(), key=lambda kv: (-kv[1][0], kv[0]))[:k]
         top = []
         for key, (est, listed) in ranked:
-            entry: dict[str, Any] = {**key_fields(key), "estimate": est}
             if not self.keyed or len(listed) > 1:
-                entry["estimate_max"] = est + sum(f for p, f in floors.items() if p not in listed)
-                entry["partitions"] = listed
-                if len(listed) > 1:
-                    entry["split"] = True
-            top.append(entry)
-        missing = [p for p in range(iv.partitions) if p not in iv.reports]
-        body: dict[str, Any] = {
-            "k": k, "partitions": iv.partitions, "missing": missing, "complete": not missing,
-            "exact": not missing and self.keyed and not split_any, "top": top}
-        if not self.keyed or split_any:
-            body["unlisted_max"] = sum(floors.values())
-        return body
+                top.append(GlobalTopKEntry(key, est, est + sum(f for p, f in floors.items() if p not in listed),
+                                           tuple(listed), len(listed) > 1))
+            else:
+                top.append(GlobalTopKEntry(key, est))
+        missing = tuple(p for p in range(iv.partitions) if p not in iv.reports)
+        return MergedTopK(k, iv.partitions, missing, not missing, not missing and self.keyed and not split_any,
+                          tuple(top), sum(floors.values()) if not self.keyed or split_any else None)
 
     # -- state --------------------------------------------------------------------------------
 

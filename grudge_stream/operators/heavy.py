@@ -13,15 +13,17 @@ sweep at each report.
 """
 from __future__ import annotations
 
-import json
-from typing import Any
+import dataclasses
+from typing import Any, Mapping
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.alerts import LATCH_CAPACITY, AlertLatch
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
+from grudge_stream.operators.records import OutputRecord, Source, SourceRecord, TopKEntry, TopKReport, output_id
 from grudge_stream.operators.saturation import countmin_saturation
+from grudge_stream.operators.sketchconf import build_countmin, config_identity, countmin_config
 from grudge_stream.operators.stateful import SketchAlertOperator
+from grudge_stream.sketches.countmin_config import CountMinConfig
 
 # A watermark jump over more report intervals than this reports only the latest ones: the
 # global stage has closed the older intervals by grace long before (docs/runtime.md).
@@ -32,31 +34,37 @@ class HeavyHitterOperator(SketchAlertOperator):
     kind = "heavy_hitters"
     state_keys = ("sketch", "top_k")
 
-    def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int,
+                 sketch: CountMinConfig | Mapping,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
-                 top_k: int = 100, report_interval_ms: int = 10_000, latch_capacity: int = 100_000,
+                 top_k: int = 100, report_interval_ms: int = 10_000, latch_capacity: int = LATCH_CAPACITY,
                  **common: Any) -> None:
         codec = codec or EventCodec(encoding="raw")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
                          codec=codec, **common)
-        from grudge_stream import DecayingCountMin
-
         if top_k < 0:
             raise ConfigError("top_k must be >= 0")
-        self.sketch_config = dict(sketch)
         self.top_k = int(top_k)
-        self.sketch = self._keyed(DecayingCountMin(**self.sketch_config, top_k=self.top_k))
+        config = countmin_config(sketch)
+        if config.top_k not in (0, self.top_k):
+            raise ConfigError(f"the sketch config's top_k ({config.top_k}) differs from the operator's "
+                              f"top_k ({self.top_k}); set the operator's")
+        # Typed once, here (the candidate set sized by the operator's top_k); its fingerprint
+        # form as given (operators/sketchconf.py).
+        self._sketch_identity = config_identity(sketch, config)
+        self.sketch_config = dataclasses.replace(config, top_k=self.top_k)
+        self.sketch = self._keyed(build_countmin(self.sketch_config))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.report_interval_ms = int(report_interval_ms)
         self.every("report", self.report_interval_ms)
         self.counters.update(alerts_raised=0, alerts_cleared=0, reports=0)
 
     def time_scale_ms(self) -> float | None:
-        epoch = self.sketch_config.get("epoch_ms", 1_000)
+        epoch = self.sketch_config.epoch_ms
         return None if not epoch else epoch / 0.6931471805599453  # counters halve each epoch
 
     def config_dict(self) -> dict:
-        return {"sketch": self.sketch_config, "top_k": self.top_k, "raise_at": self.latch.raise_at,
+        return {"sketch": self._sketch_identity, "top_k": self.top_k, "raise_at": self.latch.raise_at,
                 "clear_at": self.latch.clear_at, "latch_capacity": self.latch.capacity,
                 "report_interval_ms": self.report_interval_ms}
 
@@ -89,18 +97,16 @@ class HeavyHitterOperator(SketchAlertOperator):
         last = now_ms // interval * interval
         for end in range(max(first, last - (MAX_CATCHUP_REPORTS - 1) * interval), last + 1, interval):
             start = end - interval
-            top = [{**key_fields(k if isinstance(k, bytes) else str(k).encode()), "estimate": int(e)}
-                   for k, e in sketch.top(self.top_k, now_ms=end)]
+            top = tuple(TopKEntry(k if isinstance(k, bytes) else str(k).encode(), int(e))
+                        for k, e in sketch.top(self.top_k, now_ms=end))
             key = str(start).encode()
-            body = {"id": output_id(self.operator_id, rec.partition, rec.offset, "report", key),
-                    "operator": self.operator_id, "partition": self.partition,
-                    "partitions": self.source_partition_count, "interval_start_ms": start,
-                    "interval_end_ms": end, "event_time_ms": end, "k": self.top_k, "top": top,
-                    "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
+            report = TopKReport(output_id(self.operator_id, rec.partition, rec.offset, "report", key),
+                                self.operator_id, self.partition, self.source_partition_count, start, end,
+                                end, self.top_k, top, Source.of(rec))
             self.counters["reports"] += 1
             # Keyed by the interval start: every partition's report of one interval lands in
             # the same partition of the reports topic.
-            out.append(OutputRecord("reports", key, json.dumps(body, separators=(",", ":")).encode()))
+            out.append(report.output(key))
 
     def saturation(self) -> list:
         return countmin_saturation(self.sketch, raise_at=self.latch.raise_at)

@@ -24,13 +24,19 @@ the key's generation is forgotten (at most G·period_ms).
 """
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, Mapping
 
-from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id, with_id_header
+from grudge_stream.operators.records import (
+    KeyCheck,
+    OutputRecord,
+    Source,
+    SourceRecord,
+    output_id,
+    with_id_header,
+)
 from grudge_stream.operators.stateful import BloomOperator
+from grudge_stream.sketches.bloom_config import BloomConfig
 
 EVENTS = {"seen": 0.0, "accepted": 1.0, "rejected": 2.0}
 
@@ -40,24 +46,13 @@ class KnownKeyOperator(BloomOperator):
     state_keys = ("bloom",)
     needs_headers = True  # a check request carries its source record's headers (tracing ids)
 
-    def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: dict,
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int, bloom: BloomConfig | Mapping,
                  codec: EventCodec | None = None, **common: Any) -> None:
         codec = codec or EventCodec(value_field="event", outcomes=EVENTS, allow_numbers=False)
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
                          codec=codec, **common)
-        from grudge_stream import ForgettingBloom
-
-        self.bloom_config = dict(bloom)
-        self.bloom = self._keyed(ForgettingBloom(**self.bloom_config))
+        self._typed_bloom(bloom)
         self.counters.update(checks=0, skipped=0, accepted=0, rejected=0)
-
-    def config_dict(self) -> dict:
-        # The default overload is left out, so state written before the setting existed
-        # keeps its fingerprint.
-        conf = dict(self.bloom_config)
-        if conf.get("overload") == "shrink_window":
-            del conf["overload"]
-        return {"bloom": conf}
 
     def validate_event(self, ev: Event) -> None:
         if ev.value not in (0.0, 1.0, 2.0):
@@ -75,11 +70,9 @@ class KnownKeyOperator(BloomOperator):
         else:
             self.counters["checks"] += 1
             oid = output_id(self.operator_id, rec.partition, rec.offset, "check", ev.key)
-            body = {"id": oid, "operator": self.operator_id, **key_fields(ev.key), "event_time_ms": now_ms,
-                    "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
+            check = KeyCheck(oid, self.operator_id, ev.key, now_ms, Source.of(rec))
             # The id also replaces any grudge-id header the source record carried.
-            out.append(OutputRecord("checks", ev.key, json.dumps(body, separators=(",", ":")).encode(),
-                                    with_id_header(rec.headers, oid), rec.timestamp_ms))
+            out.append(check.output(ev.key, with_id_header(rec.headers, oid), rec.timestamp_ms))
 
     def describe_key(self, key: bytes) -> dict:
         """Whether the key is known (accepted inside the window: its next ``seen`` skips the

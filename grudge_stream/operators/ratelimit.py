@@ -23,14 +23,23 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import json
-from typing import Any
+from typing import Any, Mapping
 
 from grudge_stream.exceptions import ConfigError, MismatchError
-from grudge_stream.operators.alerts import key_fields
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
-from grudge_stream.operators.records import OutputRecord, SourceRecord, output_id
+from grudge_stream.operators.records import (
+    OutputRecord,
+    RateDecision,
+    RequestId,
+    Source,
+    SourceRecord,
+    output_id,
+)
+from grudge_stream.recipes import TokenBucket, TokenBucketConfig
+
+_NO_REQUEST_ID = RequestId(None)
+_BUCKET_FIELDS = frozenset(f.name for f in dataclasses.fields(TokenBucketConfig))
 
 # Request ids longer than this are echoed as their SHA-256 and length, not as themselves:
 # a decision stays small whatever a client sends.
@@ -63,20 +72,24 @@ class RequestCodec(EventCodec):
         return (cost, rid)
 
 
-def request_id_fields(rid: Any) -> dict:
-    """The decision's ``request_id`` field(s) for an id from a header (bytes) or a field."""
+def request_id_of(rid: Any) -> RequestId:
+    """The decision's ``RequestId`` for an id from a header (bytes) or a field."""
     if rid is None or isinstance(rid, int):
-        return {"request_id": rid}
+        return RequestId(rid)
     raw = rid.encode("utf-8") if isinstance(rid, str) else bytes(rid)
     if len(raw) > MAX_REQUEST_ID_BYTES:
-        return {"request_id": None, "request_id_sha256": hashlib.sha256(raw).hexdigest(),
-                "request_id_bytes": len(raw)}
+        return RequestId(None, request_id_sha256=hashlib.sha256(raw).hexdigest(), request_id_bytes=len(raw))
     if isinstance(rid, str):
-        return {"request_id": rid}
+        return RequestId(rid)
     try:
-        return {"request_id": raw.decode("utf-8")}
+        return RequestId(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        return {"request_id": None, "request_id_b64": base64.b64encode(raw).decode("ascii")}
+        return RequestId(None, request_id_b64=base64.b64encode(raw).decode("ascii"))
+
+
+def request_id_fields(rid: Any) -> dict:
+    """The decision's ``request_id`` field(s) for an id from a header (bytes) or a field."""
+    return request_id_of(rid).body()
 
 
 class RateLimitOperator(Operator):
@@ -86,14 +99,17 @@ class RateLimitOperator(Operator):
     kind = "rate_limit"
     state_keys = ("bucket",)
 
-    def __init__(self, *, operator_id: str, source_topic: str, partition: int, rate_per_s: float,
-                 burst: float, reject_penalty: float = 0.0, max_debt: float | None = None,
-                 levels: int = 4, cells_per_level: int = 100_000, hasher: str = "siphash", seed: int = 0,
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int,
+                 bucket: TokenBucketConfig | Mapping | None = None,
                  codec: EventCodec | None = None, emit: str = "all", default_cost: float = 1.0,
                  request_id_field: str | None = "request_id", request_id_header: str | None = "request-id",
                  **common: Any) -> None:
-        from grudge_stream.recipes import TokenBucket
-
+        """``bucket``: a ``TokenBucketConfig`` (or a dict of its fields). For compatibility its
+        fields can instead be given as keyword arguments (``rate_per_s=..., burst=...``)."""
+        flat = {k: common.pop(k) for k in list(common) if k in _BUCKET_FIELDS}
+        if bucket is not None and flat:
+            raise ConfigError(f"give the bucket as bucket= or as keyword arguments, not both ({sorted(flat)})")
+        config = TokenBucketConfig.of(bucket if bucket is not None else flat)
         if not (default_cost >= 0 and default_cost != float("inf")):
             raise ConfigError(f"default_cost must be a finite number >= 0, not {default_cost!r}")
         codec = codec or EventCodec(value_field="cost", encoding="json")
@@ -110,21 +126,19 @@ class RateLimitOperator(Operator):
         self.request_id_header = request_id_header or None
         # The runtimes read record headers only for operators that ask (a cost per record).
         self.needs_headers = self.request_id_header is not None
-        self.params = {"rate_per_s": float(rate_per_s), "burst": float(burst),
-                       "reject_penalty": float(reject_penalty),
-                       "max_debt": None if max_debt is None else float(max_debt), "levels": int(levels),
-                       "cells_per_level": int(cells_per_level), "hasher": hasher, "seed": int(seed)}
+        self.bucket_config = config
         self.emit = emit
         self._cls = TokenBucket
-        self.bucket = TokenBucket(**self.params)
+        self.bucket = TokenBucket.from_config(config)
         self._keyed(self.bucket.sketch)
         self.counters.update(allowed=0, denied=0)
 
     def time_scale_ms(self) -> float | None:
-        return 1000.0 * self.params["burst"] / self.params["rate_per_s"] if self.params["rate_per_s"] > 0 else None
+        conf = self.bucket_config
+        return 1000.0 * conf.burst / conf.rate_per_s if conf.rate_per_s > 0 else None
 
     def config_dict(self) -> dict:
-        return {"bucket": self.params, "emit": self.emit, "default_cost": self.default_cost,
+        return {"bucket": self.bucket_config.to_dict(), "emit": self.emit, "default_cost": self.default_cost,
                 "request_id_field": self.request_id_field, "request_id_header": self.request_id_header}
 
     def validate_event(self, ev: Event) -> None:
@@ -155,21 +169,16 @@ class RateLimitOperator(Operator):
                 if name == self.request_id_header and hv is not None:
                     rid = hv  # the header wins over the field
                     break
-        rid_fields = {"request_id": rid} if rid is None else request_id_fields(rid)
-        body = {"id": output_id(self.operator_id, rec.partition, rec.offset, "decision", ev.key),
-                "operator": self.operator_id, **key_fields(ev.key), **rid_fields,
-                "allowed": allowed, "retry_after_ms": retry, "cost": cost,
-                "event_time_ms": now_ms,
-                "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}}
-        if action is not None:
-            body["override"] = action
-        out.append(OutputRecord("decisions", ev.key, json.dumps(body, separators=(",", ":")).encode()))
+        decision = RateDecision(output_id(self.operator_id, rec.partition, rec.offset, "decision", ev.key),
+                                self.operator_id, ev.key, _NO_REQUEST_ID if rid is None else request_id_of(rid),
+                                allowed, retry, cost, now_ms, Source.of(rec), action)
+        out.append(decision.output(ev.key))
 
     def saturation(self) -> list:
         from grudge_stream.operators.saturation import bucket_saturation
 
-        return bucket_saturation(self.bucket.sketch, self.watermark, rate_per_s=self.params["rate_per_s"],
-                                 burst=self.params["burst"])
+        return bucket_saturation(self.bucket.sketch, self.watermark, rate_per_s=self.bucket_config.rate_per_s,
+                                 burst=self.bucket_config.burst)
 
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("sketch", self.bucket.sketch.to_bytes())]
@@ -180,8 +189,8 @@ class RateLimitOperator(Operator):
         sketch = self._keyed(ScoreSketch.from_bytes(bytes(sections["sketch"])))
         if sketch.config != self.bucket.sketch.config:
             raise MismatchError("token-bucket sketch was written under another configuration")
-        self.bucket = self._cls.from_sketch(sketch, burst=self.params["burst"],
-                                            reject_penalty=self.params["reject_penalty"])
+        self.bucket = self._cls.from_sketch(sketch, burst=self.bucket_config.burst,
+                                            reject_penalty=self.bucket_config.reject_penalty)
 
     def memory_bytes(self) -> int:
         return self.bucket.memory_bytes()
@@ -196,6 +205,6 @@ class RateLimitOperator(Operator):
 
         detail = score_detail(self.bucket.sketch, key, self.watermark)
         level = detail.pop("score")
-        burst = self.params["burst"]
+        burst = self.bucket_config.burst
         return {"kind": self.kind, "score": level, "level": level, "burst": burst,
                 "tokens_available": max(0.0, burst - level), "detail": detail}

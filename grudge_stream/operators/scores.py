@@ -20,16 +20,15 @@ them whenever the watermark crosses a multiple of ``sweep_interval_ms``.
 """
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_left
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from grudge_stream._cyext import _ingest
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.alerts import LATCH_CAPACITY, AlertLatch
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import (
     CACHE_MAX_ENTRIES,
@@ -37,10 +36,16 @@ from grudge_stream.operators.codec import (
     Event,
     EventCodec,
 )
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
 from grudge_stream.operators.saturation import score_saturation
-from grudge_stream.operators.sketchconf import build_score_sketch, decay_lambda_per_ms, decay_of
+from grudge_stream.operators.sketchconf import (
+    build_score_sketch,
+    config_identity,
+    decay_lambda_per_ms,
+    score_sketch_config,
+)
 from grudge_stream.operators.stateful import SketchAlertOperator
+from grudge_stream.sketches.score_config import Exponential, Linear, ScoreSketchConfig
 
 EMIT_MODES = ("none", "crossings", "every")
 SCORE_MODES = ("single", "split")
@@ -50,9 +55,10 @@ class FeedbackScoreOperator(SketchAlertOperator):
     kind = "feedback_scores"
     state_keys = ("sketch",)
 
-    def __init__(self, *, operator_id: str, source_topic: str, partition: int, sketch: dict,
+    def __init__(self, *, operator_id: str, source_topic: str, partition: int,
+                 sketch: ScoreSketchConfig | Mapping,
                  codec: EventCodec | None = None, raise_at: float, clear_at: float,
-                 latch_capacity: int = 100_000, sweep_interval_ms: int = 10_000,
+                 latch_capacity: int = LATCH_CAPACITY, sweep_interval_ms: int = 10_000,
                  emit_scores: str = "crossings", score_mode: str = "single", **common: Any) -> None:
         codec = codec or EventCodec(outcomes={"bad": 0.04, "good": -0.001}, value_field="outcome")
         super().__init__(operator_id=operator_id, source_topic=source_topic, partition=partition,
@@ -65,7 +71,9 @@ class FeedbackScoreOperator(SketchAlertOperator):
         if score_mode == "split":
             # The mode shapes the state; "single" stays out of it so its snapshots keep restoring.
             self.state_keys = ("sketch", "score_mode")
-        self.sketch_config = dict(sketch)
+        # Typed once, here; its fingerprint form as given (operators/sketchconf.py).
+        self.sketch_config = score_sketch_config(sketch)
+        self._sketch_identity = config_identity(sketch, self.sketch_config)
         self.sketch = self._keyed(build_score_sketch(self.sketch_config, split=score_mode == "split"))
         self.latch = AlertLatch(raise_at, clear_at, latch_capacity)
         self.sweep_interval_ms = int(sweep_interval_ms)
@@ -76,19 +84,18 @@ class FeedbackScoreOperator(SketchAlertOperator):
         self.counters.update(alerts_raised=0, alerts_cleared=0)
 
     def time_scale_ms(self) -> float | None:
-        from grudge_stream.sketches.score_config import Exponential, Linear
-
-        decay = decay_of(self.sketch_config)
+        conf = self.sketch_config
+        decay = conf.decay
         if isinstance(decay, Exponential) and decay.lambda_per_s > 0:
             return 1000.0 / decay.lambda_per_s
         if isinstance(decay, Linear) and decay.rate_per_s > 0:
-            span = float(self.sketch_config.get("hi", 1.0)) - float(self.sketch_config.get("lo", 0.0))
+            span = conf.hi - conf.lo
             return 1000.0 * span / decay.rate_per_s if span != float("inf") else None
         return None
 
     def config_dict(self) -> dict:
         return {
-            "sketch": self.sketch_config,
+            "sketch": self._sketch_identity,
             "raise_at": self.latch.raise_at,
             "clear_at": self.latch.clear_at,
             "latch_capacity": self.latch.capacity,
@@ -262,16 +269,5 @@ def _score_record(operator_id: str, key: bytes, score: float, now_ms: int, rec: 
                   state: str | None) -> bytes:
     """A ``scores`` record; its ``id`` (docs/runtime.md, "Output ids") is the same in every
     replay of the record, so a consumer drops the copies a restart re-emits."""
-    from grudge_stream.operators.records import output_id
-
-    body: dict[str, Any] = {
-        "id": output_id(operator_id, rec.partition, rec.offset, "score", key),
-        "operator": operator_id,
-        **key_fields(key),
-        "score": score,
-        "event_time_ms": now_ms,
-        "source": {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},
-    }
-    if state is not None:
-        body["crossing"] = state
-    return json.dumps(body, separators=(",", ":")).encode()
+    return ScoreUpdate(output_id(operator_id, rec.partition, rec.offset, "score", key), operator_id, key,
+                       score, now_ms, Source.of(rec), state).to_bytes()

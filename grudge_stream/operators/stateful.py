@@ -1,12 +1,14 @@
 """State shared by several operators: a sketch with an alert latch, or a forgetting Bloom."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from grudge_stream.exceptions import MismatchError
 from grudge_stream.operators.alerts import AlertLatch
 from grudge_stream.operators.base import Operator
-from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.records import OutputRecord, Source, SourceRecord
+from grudge_stream.operators.sketchconf import bloom_config, build_bloom, config_identity
+from grudge_stream.sketches.bloom_config import BloomConfig
 
 
 class SketchAlertOperator(Operator):
@@ -55,10 +57,10 @@ class SketchAlertOperator(Operator):
     def _alert(self, key: bytes, state: str, score: float, now_ms: int, rec: SourceRecord,
                out: list[OutputRecord], override: str | None = None) -> None:
         self.counters["alerts_" + state] += 1
-        body = self.latch.make_alert(
-            operator_id=self.operator_id, key=key, state=state, score=score, event_time_ms=now_ms,
-            topic=rec.topic, partition=rec.partition, offset=rec.offset, override=override)
-        out.append(OutputRecord("alerts", key, body))
+        alert = self.latch.alert(operator_id=self.operator_id, key=key, state=state, score=score,
+                                 event_time_ms=now_ms, source=Source.of(rec), override=override)
+        body = alert.to_bytes()
+        out.append(OutputRecord(alert.role, key, body))
         out.append(OutputRecord("alert_state", key, body if state == "raised" else None))
         evicted = self.latch.evicted
         if evicted:
@@ -100,9 +102,25 @@ class BloomOperator(Operator):
     """An operator whose state is one ``ForgettingBloom`` (``self.bloom``)."""
 
     bloom: Any
+    bloom_config: BloomConfig
+
+    def _typed_bloom(self, bloom: BloomConfig | Mapping) -> None:
+        """The bloom from its config object or a dict of its fields, typed once, here; its
+        fingerprint form as given (operators/sketchconf.py)."""
+        self.bloom_config = bloom_config(bloom)
+        identity = config_identity(bloom, self.bloom_config)
+        # The default overload is left out, so state written before the setting existed
+        # keeps its fingerprint.
+        if identity.get("overload") == "shrink_window":
+            del identity["overload"]
+        self._bloom_identity = identity
+        self.bloom = self._keyed(build_bloom(self.bloom_config))
+
+    def config_dict(self) -> dict:
+        return {"bloom": self._bloom_identity}
 
     def time_scale_ms(self) -> float | None:
-        return self.bloom_config.get("period_ms")
+        return self.bloom_config.period_ms
 
     def saturation(self) -> list:
         from grudge_stream.operators.saturation import bloom_saturation

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, in_range
+from grudge_stream.sketches.score_config import _fields_of
 
 __all__ = [
     "BloomConfig",
@@ -136,3 +137,15 @@ class BloomConfig:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items()}
+
+    def kwargs(self) -> dict:
+        """The config as ForgettingBloom constructor arguments."""
+        return asdict(self)
+
+    @classmethod
+    def of(cls, conf: Any) -> "BloomConfig":
+        """``conf`` itself, or the config a dict names: an absent field takes its default
+        here, an unknown field is a ConfigError."""
+        if isinstance(conf, cls):
+            return conf
+        return cls(**_fields_of(cls, conf, "ForgettingBloom"))

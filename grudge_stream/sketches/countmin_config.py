@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, in_range
+from grudge_stream.sketches.score_config import _fields_of
 
 __all__ = [
     "CountMinConfig",
@@ -87,6 +88,18 @@ class CountMinConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def kwargs(self) -> dict:
+        """The config as DecayingCountMin constructor arguments."""
+        return asdict(self)
+
+    @classmethod
+    def of(cls, conf: Any) -> "CountMinConfig":
+        """``conf`` itself, or the config a dict names: an absent field takes its default
+        here, an unknown field is a ConfigError."""
+        if isinstance(conf, cls):
+            return conf
+        return cls(**_fields_of(cls, conf, "DecayingCountMin"))
 
     @property
     def parameters(self) -> CountMinParameters:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Mapping, NamedTuple, Optional
 
 from grudge_stream.exceptions import ConfigError
 
@@ -21,6 +21,7 @@ MAX_LEVELS = 64
 MAX_GENERATIONS = 16
 
 __all__ = [
+    "DEFAULT_DECAY",
     "Decay",
     "Exponential",
     "Linear",
@@ -61,6 +62,22 @@ def _rate(value: Any, what: str) -> float:
     if not math.isfinite(v) or v < 0:
         raise ConfigError(f"{what} must be finite and >= 0, got {v!r}")
     return v
+
+
+def _fields_of(cls: Any, conf: Any, what: str) -> dict:
+    """``conf`` (a mapping of a config class's fields) as a dict, checked: no unknown field,
+    every field without a default present. Shared by the three config classes' ``of``."""
+    if not isinstance(conf, Mapping):
+        raise ConfigError(f"a {what} config must be a {cls.__name__} or a dict, not {type(conf).__name__}")
+    names = [f.name for f in fields(cls)]
+    unknown = [k for k in conf if k not in names]
+    if unknown:
+        raise ConfigError(f"unknown {what} config field(s) {sorted(map(str, unknown))}; the fields are {names}")
+    missing = [f.name for f in fields(cls)
+               if f.name not in conf and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ConfigError(f"a {what} config needs {missing}")
+    return dict(conf)
 
 
 # ---- decays ---------------------------------------------------------------------
@@ -157,6 +174,10 @@ class NoDecay(Decay):
         return {"kind": self.kind}
 
 
+#: The decay of a ScoreSketchConfig that names none (half-life about 69 s).
+DEFAULT_DECAY = Exponential(0.01)
+
+
 def decay_from_dict(d: Any) -> Decay:
     """A decay from its dict form (``Decay.to_dict``); strict: a wrong kind, a missing
     or an unknown field is a ConfigError. The one decay parser of the package."""
@@ -202,7 +223,7 @@ class ScoreSketchConfig:
 
     levels: int
     cells_per_level: int
-    decay: Decay
+    decay: Decay = DEFAULT_DECAY
     lo: float = 0.0
     hi: float = math.inf
     aggregator: str = "min"
@@ -251,6 +272,22 @@ class ScoreSketchConfig:
             ("seed", seed),
         ):
             object.__setattr__(self, name, value)
+
+    def kwargs(self) -> dict:
+        """The config as ScoreSketch (or SplitScoreSketch) constructor arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of(cls, conf: Any) -> "ScoreSketchConfig":
+        """``conf`` itself, or the config a dict names (the form topologies and settings
+        use): ``decay`` in its dict form (``decay_from_dict``), an absent field takes its
+        default here, an unknown field is a ConfigError."""
+        if isinstance(conf, cls):
+            return conf
+        d = _fields_of(cls, conf, "ScoreSketch")
+        if "decay" in d:
+            d["decay"] = decay_from_dict(d["decay"])
+        return cls(**d)
 
     def memory_bytes_of_cells(self) -> int:
         """Bytes of the cell table: ``16 * levels * cells_per_level``."""
