@@ -14,7 +14,8 @@ from typing import Any, Mapping, Optional
 
 from grudge_stream.exceptions import ConfigError, InvalidInputError
 from grudge_stream.sketches.score import Linear, ScoreSketch
-from grudge_stream.sketches.score_config import ScoreSketchConfig, _fields_of, resolve_seed
+from grudge_stream.sketches._validate import config_fields
+from grudge_stream.sketches.score_config import ScoreSketchConfig, resolve_seed
 
 __all__ = ["Decision", "TokenBucket", "TokenBucketConfig"]
 
@@ -109,7 +110,7 @@ class TokenBucketConfig:
         here, an unknown field is a ConfigError."""
         if isinstance(conf, cls):
             return conf
-        return cls(**_fields_of(cls, conf, "TokenBucket"))
+        return cls(**config_fields(cls, conf, "TokenBucket"))
 
 
 class TokenBucket:

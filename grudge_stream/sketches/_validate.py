@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
+from dataclasses import MISSING, fields
+from typing import Any
 
 from grudge_stream.exceptions import ConfigError
 
@@ -31,3 +34,19 @@ def check_hasher(value: object) -> str:
     if value not in HASHERS:
         raise ConfigError(f"hasher must be one of {HASHERS}, got {value!r}")
     return str(value)
+
+
+def config_fields(cls: Any, conf: Any, what: str) -> dict:
+    """``conf`` (a mapping of a config class's fields) as a dict, checked: no unknown field,
+    every field without a default present. Shared by the config classes' ``of``."""
+    if not isinstance(conf, Mapping):
+        raise ConfigError(f"a {what} config must be a {cls.__name__} or a dict, not {type(conf).__name__}")
+    names = [f.name for f in fields(cls)]
+    unknown = [k for k in conf if k not in names]
+    if unknown:
+        raise ConfigError(f"unknown {what} config field(s) {sorted(map(str, unknown))}; the fields are {names}")
+    missing = [f.name for f in fields(cls)
+               if f.name not in conf and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ConfigError(f"a {what} config needs {missing}")
+    return dict(conf)

@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, in_range
-from grudge_stream.sketches.score_config import _fields_of
+from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, config_fields, in_range
 
 __all__ = [
     "BloomConfig",
@@ -148,4 +147,4 @@ class BloomConfig:
         here, an unknown field is a ConfigError."""
         if isinstance(conf, cls):
             return conf
-        return cls(**_fields_of(cls, conf, "ForgettingBloom"))
+        return cls(**config_fields(cls, conf, "ForgettingBloom"))

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import MISSING, dataclass, fields
-from typing import Any, Mapping, NamedTuple, Optional
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple, Optional
 
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.sketches._validate import config_fields
 
 # The kernel's codes and limits (cyext/_score.pyx defines the same; a test checks they agree).
 DECAY_NONE = 0
@@ -62,22 +63,6 @@ def _rate(value: Any, what: str) -> float:
     if not math.isfinite(v) or v < 0:
         raise ConfigError(f"{what} must be finite and >= 0, got {v!r}")
     return v
-
-
-def _fields_of(cls: Any, conf: Any, what: str) -> dict:
-    """``conf`` (a mapping of a config class's fields) as a dict, checked: no unknown field,
-    every field without a default present. Shared by the three config classes' ``of``."""
-    if not isinstance(conf, Mapping):
-        raise ConfigError(f"a {what} config must be a {cls.__name__} or a dict, not {type(conf).__name__}")
-    names = [f.name for f in fields(cls)]
-    unknown = [k for k in conf if k not in names]
-    if unknown:
-        raise ConfigError(f"unknown {what} config field(s) {sorted(map(str, unknown))}; the fields are {names}")
-    missing = [f.name for f in fields(cls)
-               if f.name not in conf and f.default is MISSING and f.default_factory is MISSING]
-    if missing:
-        raise ConfigError(f"a {what} config needs {missing}")
-    return dict(conf)
 
 
 # ---- decays ---------------------------------------------------------------------
@@ -284,7 +269,7 @@ class ScoreSketchConfig:
         default here, an unknown field is a ConfigError."""
         if isinstance(conf, cls):
             return conf
-        d = _fields_of(cls, conf, "ScoreSketch")
+        d = config_fields(cls, conf, "ScoreSketch")
         if "decay" in d:
             d["decay"] = decay_from_dict(d["decay"])
         return cls(**d)
