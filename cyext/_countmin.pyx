@@ -11,15 +11,13 @@ import numpy as np
 import struct
 
 from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
-from gkeys cimport hash_items
 
 from grudge_stream._cyext._hashing import algorithm_code
-from grudge_stream.clock import SystemClock, default_clock
 from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
-from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
 from grudge_stream.sketches import countmin_config as _countmin_config
-from grudge_stream.sketches._inputs import (count_value, key_at, prepare_counts, prepare_keys,
-                                            prepare_times, time_value)
+from grudge_stream.sketches._inputs import count_value, key_at, prepare_counts, prepare_times
+
+include "_common.pxi"
 
 cnp.import_array()
 
@@ -30,13 +28,11 @@ cdef extern from "gsketch.h" nogil:
     void gs_prefetch_w(const void* p)
     void gs_prefetch_r(const void* p)
     void* gs_alloc_zeroed(size_t n)
-    int64_t gs_wall_ms()
     int64_t gs_floordiv(int64_t a, int64_t b)
     void gs_cm_query4(const uint32_t* cells, const uint64_t* hs, Py_ssize_t n, int64_t* out,
                       uint32_t emod, uint32_t width, uint32_t pmask, int cbits, uint32_t smask)
 
 cdef enum:
-    SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
     MAX_DEPTH = 32      # mirrors grudge_stream.sketches.countmin.MAX_DEPTH
     PF = 8              # prefetch distance in events (power of two): ~8 events of 4 rows
                         # keep ~32 cache misses in flight, enough to hide DRAM/L3 latency
@@ -62,7 +58,7 @@ cdef inline uint32_t _shifted(uint32_t v, uint64_t g) noexcept nogil:
     return (v >> g) if g < 32 else 0
 
 
-cdef class DecayingCountMin:
+cdef class DecayingCountMin(_Sketch):
     """DecayingCountMin(*, depth=4, width=65536, epoch_ms=1000, counter_bits=24, seed=0,
     hasher="murmur3", top_k=0, clock=None)
 
@@ -106,11 +102,7 @@ cdef class DecayingCountMin:
     cdef int64_t _S                 # base epoch: every nonzero cell's true stamp is in [S, E]
     cdef int64_t _win_hi            # first ms of epoch E + 1 (event mode)
     cdef bint _started
-    cdef Hasher _hasher
-    cdef object _clock
-    cdef bint _sysclock
-    cdef object _config
-    cdef object _scratch            # reused hash buffer for key lists (avoids page faults per batch)
+    cdef _Scratch _scratch          # reused hash buffer for key lists (avoids page faults per batch)
     # top-k candidate set: slots 0.._hsize-1, a binary min-heap over slots ordered by
     # (value, hash), and an open-addressing (linear probing) table hash -> slot.
     cdef int32_t _topn, _hsize
@@ -162,13 +154,10 @@ cdef class DecayingCountMin:
         cdef Py_ssize_t i, tsize
         if self._cells != NULL:
             raise RuntimeError("DecayingCountMin is already initialised")
-        if clock is None:
-            clock = default_clock()
-        elif not callable(getattr(clock, "now_ms", None)):
-            raise ConfigError("clock must have a now_ms() method (see grudge_stream.clock)")
+        clock = _clock_of(clock)
         self._config = cfg
-        self._clock = clock
-        self._sysclock = type(clock) is SystemClock
+        self._bind_clock(clock)
+        self._scratch = _Scratch()
         self._depth = cfg.depth
         self._width = cfg.width
         self._magic = gs_fastmod_magic(self._width)
@@ -223,10 +212,6 @@ cdef class DecayingCountMin:
         return self._config
 
     @property
-    def seed(self):
-        return self._config.seed
-
-    @property
     def depth(self):
         return self._depth
 
@@ -250,10 +235,6 @@ cdef class DecayingCountMin:
     def max_count(self):
         """The saturation value of a counter: ``2**counter_bits - 1``."""
         return self._cmask
-
-    @property
-    def clock(self):
-        return self._clock
 
     @property
     def epoch(self):
@@ -286,9 +267,6 @@ cdef class DecayingCountMin:
         c = self._config
         return (f"DecayingCountMin(depth={c.depth}, width={c.width}, epoch_ms={c.epoch_ms}, "
                 f"counter_bits={c.counter_bits}, seed={c.seed}, hasher={c.hasher!r}, top_k={c.top_k})")
-
-    def __reduce__(self):
-        raise TypeError("DecayingCountMin is not picklable; use to_bytes() / from_bytes()")
 
     # ------------------------------------------------------------------ epochs
 
@@ -337,20 +315,8 @@ cdef class DecayingCountMin:
         if self._hsize:
             self._topk_decay(d)
 
-    cdef int64_t _now(self, object now_ms) except? -1:
-        """now_ms as int64 ms (reading the clock when None)."""
-        cdef int64_t t
-        if now_ms is None:
-            if self._sysclock:
-                return gs_wall_ms()
-            now_ms = self._clock.now_ms()
-        if PyLong_CheckExact(now_ms):
-            try:
-                t = now_ms
-            except OverflowError:
-                raise InvalidInputError(f"now_ms must fit in a signed 64-bit integer, got {now_ms}") from None
-            return t
-        return time_value(now_ms)
+    cdef inline int64_t _now(self, object now_ms) except? -1:
+        return _clock_now(now_ms, self._clock, self._wall, False)
 
     cdef inline int64_t _epoch_of(self, int64_t t) noexcept nogil:
         return gs_floordiv(t, self._epoch_ms)
@@ -831,26 +797,8 @@ cdef class DecayingCountMin:
 
     # ------------------------------------------------------------------ batch API
 
-    cdef object _scratch_for(self, Py_ssize_t n):
-        """A uint64 buffer of n entries for one batch's hashes: a reused one up to
-        SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
-        than the hashing itself), a temporary one beyond. Calls hold the GIL from
-        hashing to their end, so no two calls share it at once."""
-        if n > SCRATCH_MAX:
-            return np.empty(n, dtype=np.uint64)
-        if self._scratch is None or self._scratch.shape[0] < n:
-            self._scratch = np.empty(max(n, 1024), dtype=np.uint64)
-        return self._scratch[:n]
-
-    cdef tuple _hashes(self, keys):
-        hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
-        cdef uint64_t[::1] hv
-        if hashes is None:
-            hashes = self._scratch_for(len(source))
-            hv = hashes
-            if hv.shape[0]:
-                hash_items(&self._hasher, source, &hv[0], hv.shape[0])
-        return hashes, source, kind
+    cdef inline tuple _hashes(self, keys):
+        return _batch_hashes(&self._hasher, self._config, self._scratch, keys)
 
     def increment_many(self, keys, counts=None, now_ms=None):
         """Batch twin of :meth:`increment`: the same single increments, in order.
@@ -1081,13 +1029,6 @@ cdef class DecayingCountMin:
         self._update_tmin()
 
     # ------------------------------------------------------------------ snapshots
-
-    def use_hash_key(self, key):
-        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
-        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
-        new sketch before its first update, and again after ``from_bytes``. Needs
-        ``hasher="siphash"``."""
-        set_siphash_key(&self._hasher, key)
 
     def to_bytes(self):
         """Serialize: the envelope (magic, version, kind, CRC-32C) around a JSON header
