@@ -58,6 +58,33 @@ cdef inline uint32_t _shifted(uint32_t v, uint64_t g) noexcept nogil:
     return (v >> g) if g < 32 else 0
 
 
+ctypedef struct Geometry:
+    # What every batch loop reads of the sketch: the rows x cells_per_row cell matrix
+    # (every sketch's ``shape``; depth x width here) and the counter layout.
+    uint32_t* cells
+    uint32_t rows           # depth
+    uint32_t width          # cells per row
+    uint64_t magic          # gs_fastmod_magic(width)
+    uint32_t pmask          # width - 1 when width is a power of two >= 2, else 0
+    int cbits
+    uint32_t cmask
+    uint32_t smask
+    uint32_t emod           # the current epoch's stamp value (E mod 2**stamp_bits)
+    uint32_t stamp          # emod << cbits
+
+
+cdef inline void _prefetch_rows(const Geometry* G, uint64_t h, bint write) noexcept nogil:
+    """Prefetch the key's cell in every row (for writing or reading)."""
+    cdef uint32_t* row = G.cells
+    cdef uint32_t r
+    for r in range(G.rows):
+        if write:
+            gs_prefetch_w(row + gs_km_index_p(h, r, G.magic, G.width, G.pmask))
+        else:
+            gs_prefetch_r(row + gs_km_index_p(h, r, G.magic, G.width, G.pmask))
+        row += G.width
+
+
 cdef class DecayingCountMin(_Sketch):
     """DecayingCountMin(*, depth=4, width=65536, epoch_ms=1000, counter_bits=24, seed=0,
     hasher="murmur3", top_k=0, clock=None)
@@ -400,18 +427,26 @@ cdef class DecayingCountMin(_Sketch):
                 est = v
         return est
 
+    cdef inline Geometry _geometry(self) noexcept nogil:
+        """The batch loops' constants, read once per batch (the epoch's fields too)."""
+        cdef Geometry g
+        g.cells = self._cells
+        g.rows = self._depth
+        g.width = self._width
+        g.magic = self._magic
+        g.pmask = self._pmask
+        g.cbits = self._cbits
+        g.cmask = self._cmask
+        g.smask = self._smask
+        g.emod = <uint32_t>(<uint64_t>self._E) & self._smask
+        g.stamp = g.emod << self._cbits
+        return g
+
     cdef void _run_increment(self, const uint64_t* hs, Py_ssize_t n, const uint64_t* ws,
                              uint64_t w0, const int64_t* ts) noexcept nogil:
         """The general batch loop: events in order, with per-event weights (ws), times (ts)
         and the candidate set. Cells of event i + PF are prefetched while event i runs."""
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
-        cdef uint32_t stamp = emod << cbits
+        cdef Geometry G = self._geometry()
         cdef int64_t win_hi = self._win_hi
         cdef bint topk = self._topn > 0
         cdef uint32_t tmin = self._tmin
@@ -421,142 +456,99 @@ cdef class DecayingCountMin(_Sketch):
         cdef uint32_t* row
         cdef uint64_t h
         cdef int32_t adm
-        if w0 > cmask:
-            w0 = cmask
+        if w0 > G.cmask:
+            w0 = G.cmask
         w = <uint32_t>w0
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(&G, hs[j], True)
         for i in range(n):
             if ts != NULL and ts[i] >= win_hi:
                 self._advance(self._epoch_of(ts[i]))
-                emod = <uint32_t>(<uint64_t>self._E) & smask
-                stamp = emod << cbits
+                G.emod = <uint32_t>(<uint64_t>self._E) & G.smask
+                G.stamp = G.emod << G.cbits
                 win_hi = self._win_hi
                 tmin = self._tmin
             if ws != NULL:
-                w = cmask if ws[i] > cmask else <uint32_t>ws[i]
+                w = G.cmask if ws[i] > G.cmask else <uint32_t>ws[i]
             h = hs[i]
-            row = cells
+            row = G.cells
             est = 0xFFFFFFFFu
-            for r in range(depth):
-                p = row + gs_km_index_p(h, r, magic, width, pmask)
+            for r in range(G.rows):
+                p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
                 c = p[0]
-                g = (emod - (c >> cbits)) & smask
-                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                g = (G.emod - (c >> G.cbits)) & G.smask
+                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                 v = v + w
-                if v > cmask:
-                    v = cmask
-                p[0] = stamp | v
+                if v > G.cmask:
+                    v = G.cmask
+                p[0] = G.stamp | v
                 if v < est:
                     est = v
-                row += width
+                row += G.width
             if topk and est > tmin and self._tfind(h) < 0:
                 adm = self._topk_touch(h, est)
                 if adm >= 0:
                     self._mark_dirty(adm, i)
                 tmin = self._tmin
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(&G, hs[i + PF], True)
 
     cdef void _run_plain(self, const uint64_t* hs, Py_ssize_t n, uint32_t w) noexcept nogil:
         """The common batch: one weight, one epoch, no candidate set; indexes are
         recomputed rather than buffered (cheaper than a ring at this size)."""
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
-        cdef uint32_t stamp = emod << cbits
+        cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, c, g
         cdef uint32_t* p
         cdef uint32_t* row
         cdef uint64_t h
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(&G, hs[j], True)
         for i in range(n):
             h = hs[i]
-            row = cells
-            for r in range(depth):
-                p = row + gs_km_index_p(h, r, magic, width, pmask)
+            row = G.cells
+            for r in range(G.rows):
+                p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
                 c = p[0]
-                g = (emod - (c >> cbits)) & smask
-                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                g = (G.emod - (c >> G.cbits)) & G.smask
+                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                 v = v + w
-                p[0] = stamp | (v if v < cmask else cmask)
-                row += width
+                p[0] = G.stamp | (v if v < G.cmask else G.cmask)
+                row += G.width
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(&G, hs[i + PF], True)
 
     cdef void _run_query_plain(self, const uint64_t* hs, Py_ssize_t n, int64_t* out) noexcept nogil:
         """The common read: every key at the sketch's current epoch. Depth 4 with a
         power-of-two width (the default layout) runs gs_cm_query4 (gsketch.h): rows
         unrolled, no branch per cell, constants for the default 65536 x 24-bit layout."""
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, est, c, g
         cdef uint32_t* row
         cdef uint64_t h
-        if depth == 4 and pmask != 0:
-            gs_cm_query4(cells, hs, n, out, emod, width, pmask, cbits, smask)
+        if G.rows == 4 and G.pmask != 0:
+            gs_cm_query4(G.cells, hs, n, out, G.emod, G.width, G.pmask, G.cbits, G.smask)
             return
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(&G, hs[j], False)
         for i in range(n):
             h = hs[i]
-            row = cells
+            row = G.cells
             est = 0xFFFFFFFFu
-            for r in range(depth):
-                c = row[gs_km_index_p(h, r, magic, width, pmask)]
-                g = (emod - (c >> cbits)) & smask
-                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+            for r in range(G.rows):
+                c = row[gs_km_index_p(h, r, G.magic, G.width, G.pmask)]
+                g = (G.emod - (c >> G.cbits)) & G.smask
+                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                 est = v if v < est else est
-                row += width
+                row += G.width
             out[i] = est
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(&G, hs[i + PF], False)
 
     cdef void _run_query(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                          int64_t q0, int64_t* out) noexcept nogil:
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef Geometry G = self._geometry()
         cdef int64_t win_hi = self._win_hi
         cdef uint64_t extra0 = <uint64_t>q0 - <uint64_t>self._E
         cdef uint64_t extra
@@ -569,37 +561,29 @@ cdef class DecayingCountMin(_Sketch):
                 out[i] = 0
             return
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(&G, hs[j], False)
         for i in range(n):
             extra = extra0
             if ts != NULL:
                 extra = 0
                 if ts[i] >= win_hi:
                     extra = <uint64_t>self._epoch_of(ts[i]) - <uint64_t>self._E
-            if extra >= <uint64_t>cbits:
+            if extra >= <uint64_t>G.cbits:
                 est = 0
             else:
                 h = hs[i]
-                row = cells
+                row = G.cells
                 est = 0xFFFFFFFFu
-                for r in range(depth):
-                    c = row[gs_km_index_p(h, r, magic, width, pmask)]
-                    g = ((emod - (c >> cbits)) & smask) + <uint32_t>extra
-                    v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                for r in range(G.rows):
+                    c = row[gs_km_index_p(h, r, G.magic, G.width, G.pmask)]
+                    g = ((G.emod - (c >> G.cbits)) & G.smask) + <uint32_t>extra
+                    v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                     if v < est:
                         est = v
-                    row += width
+                    row += G.width
             out[i] = est
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(&G, hs[i + PF], False)
 
     # ------------------------------------------------------------------ top-k internals
 
