@@ -200,6 +200,12 @@ cdef class ForgettingBloom(_Sketch):
         return self._k
 
     @property
+    def shape(self):
+        """``(rows, cells_per_row)`` = ``(1, positions)``: the ``hashes`` positions of a key
+        share one row of position groups (see every sketch's ``shape``)."""
+        return (1, self._m)
+
+    @property
     def positions(self):
         """m, the bit positions per generation."""
         return self._m

@@ -247,6 +247,11 @@ cdef class DecayingCountMin(_Sketch):
         return self._width
 
     @property
+    def shape(self):
+        """``(rows, cells_per_row)`` = ``(depth, width)``, as every sketch's ``shape``."""
+        return (self._depth, self._width)
+
+    @property
     def epoch_ms(self):
         return self._config.epoch_ms
 

@@ -594,6 +594,12 @@ cdef class _ScoreKernel(_Sketch):
     # -- properties -------------------------------------------------------------------
 
     @property
+    def shape(self):
+        """``(rows, cells_per_row)`` of one cell table: ``(levels, cells_per_level)``
+        (a Rotator has one such table per generation)."""
+        return (self._core.L, self._core.M)
+
+    @property
     def watermark_ms(self):
         """The latest now_ms any operation carried (None before the first)."""
         return None if self._watermark == INT64_MIN else self._watermark
