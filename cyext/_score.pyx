@@ -1163,6 +1163,9 @@ cdef class Rotator(_ScoreKernel):
     output from ``seed``, so each generation has its own independent cells while
     a key is hashed once (pre-hashed uint64 input is ``key_hash(key)``).
 
+    ``seed=None`` means seed 0, as for ScoreSketch: nothing is drawn at random (pass a
+    secret seed, or ``use_hash_key``, when attackers choose the keys).
+
     Memory: ``generations * 16 * levels * cells_per_level + Rotator.__basicsize__``.
     """
     cdef gs_cell* _tables[MAXG]      # ring: generation i (0 = oldest) is slot (head + i) % n
