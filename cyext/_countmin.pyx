@@ -72,8 +72,10 @@ ctypedef struct Geometry:
     uint32_t stamp          # emod << cbits
 
 
-cdef inline void _prefetch_rows(const Geometry* G, uint64_t h, bint write) noexcept nogil:
-    """Prefetch the key's cell in every row (for writing or reading)."""
+cdef inline void _prefetch_rows(Geometry G, uint64_t h, bint write) noexcept nogil:
+    """Prefetch the key's cell in every row (for writing or reading). ``G`` is taken by
+    value: a Geometry whose address is never taken stays in registers (the cells are
+    written through uint32_t pointers, and the build turns off strict aliasing)."""
     cdef uint32_t* row = G.cells
     cdef uint32_t r
     for r in range(G.rows):
@@ -405,7 +407,7 @@ cdef class DecayingCountMin(_Sketch):
             w0 = G.cmask
         w = <uint32_t>w0
         for j in range(n if n < PF else PF):
-            _prefetch_rows(&G, hs[j], True)
+            _prefetch_rows(G, hs[j], True)
         for i in range(n):
             if ts != NULL and ts[i] >= win_hi:
                 self._advance(self._epoch_of(ts[i]))
@@ -436,7 +438,7 @@ cdef class DecayingCountMin(_Sketch):
                     self._topk._mark_dirty(adm, i)
                 tmin = self._topk._tmin
             if i + PF < n:
-                _prefetch_rows(&G, hs[i + PF], True)
+                _prefetch_rows(G, hs[i + PF], True)
 
     cdef void _run_plain(self, const uint64_t* hs, Py_ssize_t n, uint32_t w) noexcept nogil:
         """The common batch: one weight, one epoch, no candidate set; indexes are
@@ -448,7 +450,7 @@ cdef class DecayingCountMin(_Sketch):
         cdef uint32_t* row
         cdef uint64_t h
         for j in range(n if n < PF else PF):
-            _prefetch_rows(&G, hs[j], True)
+            _prefetch_rows(G, hs[j], True)
         for i in range(n):
             h = hs[i]
             row = G.cells
@@ -461,7 +463,7 @@ cdef class DecayingCountMin(_Sketch):
                 p[0] = G.stamp | (v if v < G.cmask else G.cmask)
                 row += G.width
             if i + PF < n:
-                _prefetch_rows(&G, hs[i + PF], True)
+                _prefetch_rows(G, hs[i + PF], True)
 
     cdef void _run_query_plain(self, const uint64_t* hs, Py_ssize_t n, int64_t* out) noexcept nogil:
         """The common read: every key at the sketch's current epoch. Depth 4 with a
@@ -476,7 +478,7 @@ cdef class DecayingCountMin(_Sketch):
             gs_cm_query4(G.cells, hs, n, out, G.emod, G.width, G.pmask, G.cbits, G.smask)
             return
         for j in range(n if n < PF else PF):
-            _prefetch_rows(&G, hs[j], False)
+            _prefetch_rows(G, hs[j], False)
         for i in range(n):
             h = hs[i]
             row = G.cells
@@ -489,7 +491,7 @@ cdef class DecayingCountMin(_Sketch):
                 row += G.width
             out[i] = est
             if i + PF < n:
-                _prefetch_rows(&G, hs[i + PF], False)
+                _prefetch_rows(G, hs[i + PF], False)
 
     cdef void _run_query(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                          int64_t q0, int64_t* out) noexcept nogil:
@@ -506,7 +508,7 @@ cdef class DecayingCountMin(_Sketch):
                 out[i] = 0
             return
         for j in range(n if n < PF else PF):
-            _prefetch_rows(&G, hs[j], False)
+            _prefetch_rows(G, hs[j], False)
         for i in range(n):
             extra = extra0
             if ts != NULL:
@@ -528,7 +530,7 @@ cdef class DecayingCountMin(_Sketch):
                     row += G.width
             out[i] = est
             if i + PF < n:
-                _prefetch_rows(&G, hs[i + PF], False)
+                _prefetch_rows(G, hs[i + PF], False)
 
     # ------------------------------------------------------------------ top-k admission
 
