@@ -5,6 +5,7 @@
 # and the sketches' base class (config, hasher, clock, pickle guard). Layout: /work/shared/spec/LAYOUT.md ("_common").
 cimport cython
 from libc.stdint cimport int64_t, uint64_t, INT64_MIN
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 from ghash cimport Hasher, set_siphash_key
 from gkeys cimport hash_items
@@ -37,7 +38,19 @@ cdef inline bint _is_wall(object clock):
     return type(clock) is _SystemClock
 
 
-cdef int64_t _time_ms(object v, bint stamped) except? -1:
+cdef inline int64_t _time_ms(object v, bint stamped) except? -1:
+    """One timestamp as int64 milliseconds (see _time_ms_checked); an int in range
+    takes this inlined fast path."""
+    cdef int overflow = 0
+    cdef long long out
+    if type(v) is int:
+        out = PyLong_AsLongLongAndOverflow(v, &overflow)
+        if overflow == 0 and not (stamped and out == INT64_MIN):
+            return out
+    return _time_ms_checked(v, stamped)
+
+
+cdef int64_t _time_ms_checked(object v, bint stamped) except? -1:
     """One timestamp as int64 milliseconds: an int, or what ``grudge_stream.clock.as_ms``
     takes (a float is truncated; bool, NaN and Inf are refused), within the int64 range.
 
