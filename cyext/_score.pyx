@@ -566,9 +566,9 @@ cdef BatchArgs _batch_args(Hasher* hasher, keys, deltas, limits, now_ms, int out
 
 cdef class _ScoreKernel(_Sketch):
     """The half ScoreSketch and Rotator share: the cells' shape and decay (``_core``),
-    the hasher, the lock, the watermark, the clock, and the batch driver: ``_batch``
-    checks a call's arguments, then runs the subclass's ``_run`` over its events
-    without the GIL."""
+    the hasher, the lock, the watermark, the clock, and the batch driver
+    (``_score_batch``): it checks a call's arguments, then runs the subclass's
+    ``_run`` over its events without the GIL."""
     cdef Core _core
     cdef size_t _ncells              # per table (a Rotator has one per generation)
     cdef gs_lock _lock
@@ -626,38 +626,45 @@ cdef class _ScoreKernel(_Sketch):
     cdef inline int64_t _now(self, object now_ms) except? -1:
         return _clock_now(now_ms, self._clock, self._wall, True)
 
-    cdef void _run(self, const uint64_t* hs, Py_ssize_t n, const double* dv, Py_ssize_t ds,
-                   const int64_t* tv, Py_ssize_t ts, const double* lv, Py_ssize_t ls, int op,
-                   double* outf, uint8_t* outb) noexcept nogil:
-        """The events of one checked batch, in order (each subclass has its own)."""
-        pass
-
-    cdef object _batch(self, keys, deltas, limits, now_ms, int op, int out):
-        cdef BatchArgs a = _batch_args(&self._hasher, keys, deltas, limits,
-                                       self._now(None) if now_ms is None else now_ms, out)
-        if a.n:
-            with nogil:
-                self._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
-        return a.res
-
     def update_many(self, keys, deltas, now_ms=None):
         """``update`` for each event in order. ``keys``: a list/tuple of bytes/str keys or
         a uint64 array of ``key_hashes``; ``deltas`` and ``now_ms``: scalars or arrays
         of the batch's length. Runs without the GIL."""
-        self._batch(keys, deltas, 0.0, now_ms, OP_UPDATE, 0)
+        _score_batch(self, keys, deltas, 0.0, now_ms, OP_UPDATE, 0)
 
     def query_many(self, keys, now_ms=None):
         """``query`` for each event in order; returns a float64 array."""
-        return self._batch(keys, 0.0, 0.0, now_ms, OP_QUERY, 1)
+        return _score_batch(self, keys, 0.0, 0.0, now_ms, OP_QUERY, 1)
 
     def update_and_query_many(self, keys, deltas, now_ms=None):
         """``update_and_query`` for each event in order; returns a float64 array."""
-        return self._batch(keys, deltas, 0.0, now_ms, OP_UPDATE, 1)
+        return _score_batch(self, keys, deltas, 0.0, now_ms, OP_UPDATE, 1)
 
     def try_update_many(self, keys, deltas, limit, now_ms=None):
         """``try_update`` for each event in order; returns a bool array. ``limit`` is a
         scalar or an array of the batch's length."""
-        return self._batch(keys, deltas, limit, now_ms, OP_TRY, 2)
+        return _score_batch(self, keys, deltas, limit, now_ms, OP_TRY, 2)
+
+
+cdef inline object _score_batch(_ScoreKernel k, keys, deltas, limits, now_ms, int op, int out):
+    """The batch driver of both score kernels: check the arguments (``_batch_args``),
+    then run the events without the GIL through the kernel's own loop. Inlined into
+    each ``*_many`` with its op, and calling ``_run`` directly (not through the
+    vtable), so the C compiler specialises each loop for its op as before."""
+    cdef BatchArgs a = _batch_args(&k._hasher, keys, deltas, limits,
+                                   k._now(None) if now_ms is None else now_ms, out)
+    cdef ScoreSketch s
+    cdef Rotator r
+    if a.n:
+        if type(k) is ScoreSketch:
+            s = <ScoreSketch>k
+            with nogil:
+                s._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
+        else:
+            r = <Rotator>k
+            with nogil:
+                r._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
+    return a.res
 
 
 # ---- ScoreSketch ------------------------------------------------------------------
