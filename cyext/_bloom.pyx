@@ -11,14 +11,13 @@ import numpy as np
 import math
 
 from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
-from gkeys cimport hash_items
 
 from grudge_stream._cyext._hashing import algorithm_code
-from grudge_stream.clock import SystemClock, default_clock
 from grudge_stream.envelope import KIND_FORGETTING_BLOOM, pack, unpack
-from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
 from grudge_stream.sketches import bloom_config as _bloom_config
-from grudge_stream.sketches._inputs import prepare_keys, prepare_times, time_value
+from grudge_stream.sketches._inputs import prepare_times
+
+include "_common.pxi"
 
 cnp.import_array()
 
@@ -28,7 +27,6 @@ cdef extern from "gsketch.h" nogil:
     void gs_prefetch_w(const void* p)
     void gs_prefetch_r(const void* p)
     void* gs_alloc_zeroed(size_t n)
-    int64_t gs_wall_ms()
     int64_t gs_floordiv(int64_t a, int64_t b)
 
 cdef extern from *:
@@ -38,7 +36,6 @@ cdef extern from *:
     int gb_popcount64(uint64_t x) nogil
 
 cdef enum:
-    SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
     MAXG = 64       # mirrors grudge_stream.sketches.bloom_config.MAX_GENERATIONS
     PF = 8          # prefetch distance in keys (power of two)
     MAXK = 64       # mirrors grudge_stream.sketches.bloom_config.MAX_HASHES
@@ -58,7 +55,7 @@ cdef object _config_module():
     return _bloom_config
 
 
-cdef class ForgettingBloom:
+cdef class ForgettingBloom(_Sketch):
     """ForgettingBloom(*, capacity, fp_rate, generations=2, period_ms=None, seed=0,
     hasher="murmur3", overload="shrink_window", clock=None)
 
@@ -112,11 +109,7 @@ cdef class ForgettingBloom:
     cdef int64_t _win_hi            # the next time rotation is due: start of the newest + period (saturated)
     cdef int64_t _t_hi              # the latest event time of a write (once started)
     cdef bint _started
-    cdef Hasher _hasher
-    cdef object _clock
-    cdef bint _sysclock
-    cdef object _config
-    cdef object _scratch            # reused hash buffer for key lists (avoids page faults per batch)
+    cdef _Scratch _scratch          # reused hash buffer for key lists (avoids page faults per batch)
 
     def __cinit__(self, *args, **kwargs):
         self._words = NULL
@@ -135,14 +128,11 @@ cdef class ForgettingBloom:
         cdef int g
         if self._words != NULL:
             raise RuntimeError("ForgettingBloom is already initialised")
-        if clock is None:
-            clock = default_clock()
-        elif not callable(getattr(clock, "now_ms", None)):
-            raise ConfigError("clock must have a now_ms() method (see grudge_stream.clock)")
+        clock = _clock_of(clock)
         sz = cfg.sizing
         self._config = cfg
-        self._clock = clock
-        self._sysclock = type(clock) is SystemClock
+        self._bind_clock(clock)
+        self._scratch = _Scratch()
         self._m = sz.positions
         self._magic = gs_fastmod_magic(self._m)
         self._pmask = (self._m - 1) if (self._m & (self._m - 1)) == 0 else 0
@@ -176,23 +166,12 @@ cdef class ForgettingBloom:
         self._t_hi = -INT64_MAX - 1
         self._hasher = make_hasher(algorithm_code(cfg.hasher), <uint64_t>cfg.seed)
 
-    def use_hash_key(self, key):
-        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
-        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
-        new sketch before its first update, and again after ``from_bytes``. Needs
-        ``hasher="siphash"``."""
-        set_siphash_key(&self._hasher, key)
-
     # ------------------------------------------------------------------ properties
 
     @property
     def config(self):
         """The frozen :class:`~grudge_stream.sketches.bloom.BloomConfig`."""
         return self._config
-
-    @property
-    def seed(self):
-        return self._config.seed
 
     @property
     def capacity(self):
@@ -221,13 +200,15 @@ cdef class ForgettingBloom:
         return self._k
 
     @property
+    def shape(self):
+        """``(rows, cells_per_row)`` = ``(1, positions)``: the ``hashes`` positions of a key
+        share one row of position groups (see every sketch's ``shape``)."""
+        return (1, self._m)
+
+    @property
     def positions(self):
         """m, the bit positions per generation."""
         return self._m
-
-    @property
-    def clock(self):
-        return self._clock
 
     @property
     def rotations(self):
@@ -319,9 +300,6 @@ cdef class ForgettingBloom:
         c = self._config
         return (f"ForgettingBloom(capacity={c.capacity}, fp_rate={c.fp_rate}, generations={c.generations}, "
                 f"period_ms={c.period_ms}, seed={c.seed}, hasher={c.hasher!r}, overload={c.overload!r})")
-
-    def __reduce__(self):
-        raise TypeError("ForgettingBloom is not picklable; use to_bytes() / from_bytes()")
 
     # ------------------------------------------------------------------ generations
 
@@ -442,19 +420,8 @@ cdef class ForgettingBloom:
                 self._rotate()
                 self._set_newest_start(<int64_t>(<uint64_t>base + <uint64_t>i * P))
 
-    cdef int64_t _now(self, object now_ms) except? -1:
-        cdef int64_t t
-        if now_ms is None:
-            if self._sysclock:
-                return gs_wall_ms()
-            now_ms = self._clock.now_ms()
-        if type(now_ms) is int:
-            try:
-                t = now_ms
-            except OverflowError:
-                raise InvalidInputError(f"now_ms must fit in a signed 64-bit integer, got {now_ms}") from None
-            return t
-        return time_value(now_ms)
+    cdef inline int64_t _now(self, object now_ms) except? -1:
+        return _clock_now(now_ms, self._clock, self._wall, False)
 
     cdef int64_t _advance_to(self, object now_ms) except? -1:
         """Rotate for event time now_ms; return it (0 without a period)."""
@@ -675,25 +642,8 @@ cdef class ForgettingBloom:
 
     # ------------------------------------------------------------------ batch API
 
-    cdef object _scratch_for(self, Py_ssize_t n):
-        """A uint64 buffer of n entries for one batch's hashes: a reused one up to
-        SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
-        than the hashing itself), a temporary one beyond. Calls hold the GIL from
-        hashing to their end, so no two calls share it at once."""
-        if n > SCRATCH_MAX:
-            return np.empty(n, dtype=np.uint64)
-        if self._scratch is None or self._scratch.shape[0] < n:
-            self._scratch = np.empty(max(n, 1024), dtype=np.uint64)
-        return self._scratch[:n]
-
     cdef tuple _batch(self, keys, now_ms):
-        hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
-        cdef uint64_t[::1] hv
-        if hashes is None:
-            hashes = self._scratch_for(len(source))
-            hv = hashes
-            if hv.shape[0]:
-                hash_items(&self._hasher, source, &hv[0], hv.shape[0])
+        hashes = _batch_hashes(&self._hasher, self._config, self._scratch, keys)[0]
         n = hashes.shape[0]
         if self._period_ms == 0:
             if now_ms is not None:

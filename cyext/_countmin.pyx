@@ -11,15 +11,14 @@ import numpy as np
 import struct
 
 from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
-from gkeys cimport hash_items
 
 from grudge_stream._cyext._hashing import algorithm_code
-from grudge_stream.clock import SystemClock, default_clock
 from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
-from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
 from grudge_stream.sketches import countmin_config as _countmin_config
-from grudge_stream.sketches._inputs import (count_value, key_at, prepare_counts, prepare_keys,
-                                            prepare_times, time_value)
+from grudge_stream.sketches._inputs import count_value, prepare_counts, prepare_times
+
+include "_common.pxi"
+include "_topk.pxi"
 
 cnp.import_array()
 
@@ -30,18 +29,14 @@ cdef extern from "gsketch.h" nogil:
     void gs_prefetch_w(const void* p)
     void gs_prefetch_r(const void* p)
     void* gs_alloc_zeroed(size_t n)
-    int64_t gs_wall_ms()
     int64_t gs_floordiv(int64_t a, int64_t b)
     void gs_cm_query4(const uint32_t* cells, const uint64_t* hs, Py_ssize_t n, int64_t* out,
                       uint32_t emod, uint32_t width, uint32_t pmask, int cbits, uint32_t smask)
 
 cdef enum:
-    SCRATCH_MAX = 1 << 20   # entries (8 MiB) of the reusable per-batch hash buffer
     MAX_DEPTH = 32      # mirrors grudge_stream.sketches.countmin.MAX_DEPTH
     PF = 8              # prefetch distance in events (power of two): ~8 events of 4 rows
                         # keep ~32 cache misses in flight, enough to hide DRAM/L3 latency
-    NOT_DIRTY = -2      # top-k slot key source: untouched in this batch
-    SRC_NONE = -1       # top-k slot key source: pre-hashed key (no key object)
 
 cdef object _config_module():
     """The pure-Python config module (it never imports this kernel)."""
@@ -62,7 +57,36 @@ cdef inline uint32_t _shifted(uint32_t v, uint64_t g) noexcept nogil:
     return (v >> g) if g < 32 else 0
 
 
-cdef class DecayingCountMin:
+ctypedef struct Geometry:
+    # What every batch loop reads of the sketch: the rows x cells_per_row cell matrix
+    # (every sketch's ``shape``; depth x width here) and the counter layout.
+    uint32_t* cells
+    uint32_t rows           # depth
+    uint32_t width          # cells per row
+    uint64_t magic          # gs_fastmod_magic(width)
+    uint32_t pmask          # width - 1 when width is a power of two >= 2, else 0
+    int cbits
+    uint32_t cmask
+    uint32_t smask
+    uint32_t emod           # the current epoch's stamp value (E mod 2**stamp_bits)
+    uint32_t stamp          # emod << cbits
+
+
+cdef inline void _prefetch_rows(Geometry G, uint64_t h, bint write) noexcept nogil:
+    """Prefetch the key's cell in every row (for writing or reading). ``G`` is taken by
+    value: a Geometry whose address is never taken stays in registers (the cells are
+    written through uint32_t pointers, and the build turns off strict aliasing)."""
+    cdef uint32_t* row = G.cells
+    cdef uint32_t r
+    for r in range(G.rows):
+        if write:
+            gs_prefetch_w(row + gs_km_index_p(h, r, G.magic, G.width, G.pmask))
+        else:
+            gs_prefetch_r(row + gs_km_index_p(h, r, G.magic, G.width, G.pmask))
+        row += G.width
+
+
+cdef class DecayingCountMin(_Sketch):
     """DecayingCountMin(*, depth=4, width=65536, epoch_ms=1000, counter_bits=24, seed=0,
     hasher="murmur3", top_k=0, clock=None)
 
@@ -106,50 +130,14 @@ cdef class DecayingCountMin:
     cdef int64_t _S                 # base epoch: every nonzero cell's true stamp is in [S, E]
     cdef int64_t _win_hi            # first ms of epoch E + 1 (event mode)
     cdef bint _started
-    cdef Hasher _hasher
-    cdef object _clock
-    cdef bint _sysclock
-    cdef object _config
-    cdef object _scratch            # reused hash buffer for key lists (avoids page faults per batch)
-    # top-k candidate set: slots 0.._hsize-1, a binary min-heap over slots ordered by
-    # (value, hash), and an open-addressing (linear probing) table hash -> slot.
-    cdef int32_t _topn, _hsize
-    cdef uint32_t _tmin             # the heap root's stored value once the set is full, else 0
-    cdef uint64_t* _thash
-    cdef uint32_t* _tval            # estimate at admission or last refresh, decayed to epoch E:
-                                    # a lower bound of the key's current estimate
-    cdef int32_t* _heap
-    cdef int32_t* _tpos
-    cdef int32_t* _table
-    cdef uint64_t* _tabh
-    cdef uint32_t _tmask
-    cdef int _tshift
-    cdef int64_t* _tsrc
-    cdef int32_t* _dirty
-    cdef int32_t _ndirty
-    cdef list _tkeys
+    cdef _Scratch _scratch          # reused hash buffer for key lists (avoids page faults per batch)
+    cdef CandidateSet _topk         # the top-k candidate set (empty with top_k=0)
 
     def __cinit__(self, *args, **kwargs):
         self._cells = NULL
-        self._thash = NULL
-        self._tval = NULL
-        self._heap = NULL
-        self._tpos = NULL
-        self._table = NULL
-        self._tabh = NULL
-        self._tsrc = NULL
-        self._dirty = NULL
 
     def __dealloc__(self):
         free(self._cells)
-        free(self._thash)
-        free(self._tval)
-        free(self._heap)
-        free(self._tpos)
-        free(self._table)
-        free(self._tabh)
-        free(self._tsrc)
-        free(self._dirty)
 
     def __init__(self, *, depth=4, width=65_536, epoch_ms=1_000, counter_bits=24, seed=0,
                  hasher="murmur3", top_k=0, clock=None):
@@ -159,16 +147,12 @@ cdef class DecayingCountMin:
         self._setup(cfg, clock)
 
     cdef _setup(self, cfg, clock):
-        cdef Py_ssize_t i, tsize
         if self._cells != NULL:
             raise RuntimeError("DecayingCountMin is already initialised")
-        if clock is None:
-            clock = default_clock()
-        elif not callable(getattr(clock, "now_ms", None)):
-            raise ConfigError("clock must have a now_ms() method (see grudge_stream.clock)")
+        clock = _clock_of(clock)
         self._config = cfg
-        self._clock = clock
-        self._sysclock = type(clock) is SystemClock
+        self._bind_clock(clock)
+        self._scratch = _Scratch()
         self._depth = cfg.depth
         self._width = cfg.width
         self._magic = gs_fastmod_magic(self._width)
@@ -187,33 +171,7 @@ cdef class DecayingCountMin:
         self._S = 0
         self._started = self._epoch_ms == 0
         self._win_hi = -INT64_MAX - 1
-        self._topn = cfg.top_k
-        self._hsize = 0
-        self._ndirty = 0
-        self._tkeys = [None] * self._topn
-        if self._topn:
-            tsize = 8
-            self._tshift = 61
-            while tsize < 2 * self._topn:
-                tsize <<= 1
-                self._tshift -= 1
-            self._tmask = <uint32_t>(tsize - 1)
-            self._thash = <uint64_t*>gs_alloc_zeroed(8 * <size_t>self._topn)
-            self._tval = <uint32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
-            self._heap = <int32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
-            self._tpos = <int32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
-            self._tsrc = <int64_t*>gs_alloc_zeroed(8 * <size_t>self._topn)
-            self._dirty = <int32_t*>gs_alloc_zeroed(4 * <size_t>self._topn)
-            self._table = <int32_t*>gs_alloc_zeroed(4 * <size_t>tsize)
-            self._tabh = <uint64_t*>gs_alloc_zeroed(8 * <size_t>tsize)
-            if (self._thash == NULL or self._tval == NULL or self._heap == NULL or self._tpos == NULL
-                    or self._tsrc == NULL or self._dirty == NULL or self._table == NULL
-                    or self._tabh == NULL):
-                raise MemoryError("cannot allocate the top-k candidate set")
-            for i in range(tsize):
-                self._table[i] = -1
-            for i in range(self._topn):
-                self._tsrc[i] = NOT_DIRTY
+        self._topk = CandidateSet(cfg.top_k)
 
     # ------------------------------------------------------------------ properties
 
@@ -223,16 +181,17 @@ cdef class DecayingCountMin:
         return self._config
 
     @property
-    def seed(self):
-        return self._config.seed
-
-    @property
     def depth(self):
         return self._depth
 
     @property
     def width(self):
         return self._width
+
+    @property
+    def shape(self):
+        """``(rows, cells_per_row)`` = ``(depth, width)``, as every sketch's ``shape``."""
+        return (self._depth, self._width)
 
     @property
     def epoch_ms(self):
@@ -244,16 +203,12 @@ cdef class DecayingCountMin:
 
     @property
     def top_k(self):
-        return self._topn
+        return self._topk._topn
 
     @property
     def max_count(self):
         """The saturation value of a counter: ``2**counter_bits - 1``."""
         return self._cmask
-
-    @property
-    def clock(self):
-        return self._clock
 
     @property
     def epoch(self):
@@ -280,15 +235,12 @@ cdef class DecayingCountMin:
 
     def memory_bytes(self):
         """Bytes of fixed memory: cells plus the top-k candidate arrays (not the key objects)."""
-        return _config_module().countmin_memory_bytes(self._depth, self._width, self._topn)
+        return _config_module().countmin_memory_bytes(self._depth, self._width, self._topk._topn)
 
     def __repr__(self):
         c = self._config
         return (f"DecayingCountMin(depth={c.depth}, width={c.width}, epoch_ms={c.epoch_ms}, "
                 f"counter_bits={c.counter_bits}, seed={c.seed}, hasher={c.hasher!r}, top_k={c.top_k})")
-
-    def __reduce__(self):
-        raise TypeError("DecayingCountMin is not picklable; use to_bytes() / from_bytes()")
 
     # ------------------------------------------------------------------ epochs
 
@@ -334,23 +286,11 @@ cdef class DecayingCountMin:
                 self._sweep()                                      # S = E, and e - E < cbits
         self._E = e
         self._set_window()
-        if self._hsize:
-            self._topk_decay(d)
+        if self._topk._hsize:
+            self._topk._topk_decay(d)
 
-    cdef int64_t _now(self, object now_ms) except? -1:
-        """now_ms as int64 ms (reading the clock when None)."""
-        cdef int64_t t
-        if now_ms is None:
-            if self._sysclock:
-                return gs_wall_ms()
-            now_ms = self._clock.now_ms()
-        if PyLong_CheckExact(now_ms):
-            try:
-                t = now_ms
-            except OverflowError:
-                raise InvalidInputError(f"now_ms must fit in a signed 64-bit integer, got {now_ms}") from None
-            return t
-        return time_value(now_ms)
+    cdef inline int64_t _now(self, object now_ms) except? -1:
+        return _clock_now(now_ms, self._clock, self._wall, False)
 
     cdef inline int64_t _epoch_of(self, int64_t t) noexcept nogil:
         return gs_floordiv(t, self._epoch_ms)
@@ -434,163 +374,128 @@ cdef class DecayingCountMin:
                 est = v
         return est
 
+    cdef inline Geometry _geometry(self) noexcept nogil:
+        """The batch loops' constants, read once per batch (the epoch's fields too)."""
+        cdef Geometry g
+        g.cells = self._cells
+        g.rows = self._depth
+        g.width = self._width
+        g.magic = self._magic
+        g.pmask = self._pmask
+        g.cbits = self._cbits
+        g.cmask = self._cmask
+        g.smask = self._smask
+        g.emod = <uint32_t>(<uint64_t>self._E) & self._smask
+        g.stamp = g.emod << self._cbits
+        return g
+
     cdef void _run_increment(self, const uint64_t* hs, Py_ssize_t n, const uint64_t* ws,
                              uint64_t w0, const int64_t* ts) noexcept nogil:
         """The general batch loop: events in order, with per-event weights (ws), times (ts)
         and the candidate set. Cells of event i + PF are prefetched while event i runs."""
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
-        cdef uint32_t stamp = emod << cbits
+        cdef Geometry G = self._geometry()
         cdef int64_t win_hi = self._win_hi
-        cdef bint topk = self._topn > 0
-        cdef uint32_t tmin = self._tmin
+        cdef bint topk = self._topk._topn > 0
+        cdef uint32_t tmin = self._topk._tmin
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, est, c, g, w
         cdef uint32_t* p
         cdef uint32_t* row
         cdef uint64_t h
         cdef int32_t adm
-        if w0 > cmask:
-            w0 = cmask
+        if w0 > G.cmask:
+            w0 = G.cmask
         w = <uint32_t>w0
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(G, hs[j], True)
         for i in range(n):
             if ts != NULL and ts[i] >= win_hi:
                 self._advance(self._epoch_of(ts[i]))
-                emod = <uint32_t>(<uint64_t>self._E) & smask
-                stamp = emod << cbits
+                G.emod = <uint32_t>(<uint64_t>self._E) & G.smask
+                G.stamp = G.emod << G.cbits
                 win_hi = self._win_hi
-                tmin = self._tmin
+                tmin = self._topk._tmin
             if ws != NULL:
-                w = cmask if ws[i] > cmask else <uint32_t>ws[i]
+                w = G.cmask if ws[i] > G.cmask else <uint32_t>ws[i]
             h = hs[i]
-            row = cells
+            row = G.cells
             est = 0xFFFFFFFFu
-            for r in range(depth):
-                p = row + gs_km_index_p(h, r, magic, width, pmask)
+            for r in range(G.rows):
+                p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
                 c = p[0]
-                g = (emod - (c >> cbits)) & smask
-                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                g = (G.emod - (c >> G.cbits)) & G.smask
+                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                 v = v + w
-                if v > cmask:
-                    v = cmask
-                p[0] = stamp | v
+                if v > G.cmask:
+                    v = G.cmask
+                p[0] = G.stamp | v
                 if v < est:
                     est = v
-                row += width
-            if topk and est > tmin and self._tfind(h) < 0:
+                row += G.width
+            if topk and est > tmin and self._topk._tfind(h) < 0:
                 adm = self._topk_touch(h, est)
                 if adm >= 0:
-                    self._mark_dirty(adm, i)
-                tmin = self._tmin
+                    self._topk._mark_dirty(adm, i)
+                tmin = self._topk._tmin
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(G, hs[i + PF], True)
 
     cdef void _run_plain(self, const uint64_t* hs, Py_ssize_t n, uint32_t w) noexcept nogil:
         """The common batch: one weight, one epoch, no candidate set; indexes are
         recomputed rather than buffered (cheaper than a ring at this size)."""
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
-        cdef uint32_t stamp = emod << cbits
+        cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, c, g
         cdef uint32_t* p
         cdef uint32_t* row
         cdef uint64_t h
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(G, hs[j], True)
         for i in range(n):
             h = hs[i]
-            row = cells
-            for r in range(depth):
-                p = row + gs_km_index_p(h, r, magic, width, pmask)
+            row = G.cells
+            for r in range(G.rows):
+                p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
                 c = p[0]
-                g = (emod - (c >> cbits)) & smask
-                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                g = (G.emod - (c >> G.cbits)) & G.smask
+                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                 v = v + w
-                p[0] = stamp | (v if v < cmask else cmask)
-                row += width
+                p[0] = G.stamp | (v if v < G.cmask else G.cmask)
+                row += G.width
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_w(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(G, hs[i + PF], True)
 
     cdef void _run_query_plain(self, const uint64_t* hs, Py_ssize_t n, int64_t* out) noexcept nogil:
         """The common read: every key at the sketch's current epoch. Depth 4 with a
         power-of-two width (the default layout) runs gs_cm_query4 (gsketch.h): rows
         unrolled, no branch per cell, constants for the default 65536 x 24-bit layout."""
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, est, c, g
         cdef uint32_t* row
         cdef uint64_t h
-        if depth == 4 and pmask != 0:
-            gs_cm_query4(cells, hs, n, out, emod, width, pmask, cbits, smask)
+        if G.rows == 4 and G.pmask != 0:
+            gs_cm_query4(G.cells, hs, n, out, G.emod, G.width, G.pmask, G.cbits, G.smask)
             return
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(G, hs[j], False)
         for i in range(n):
             h = hs[i]
-            row = cells
+            row = G.cells
             est = 0xFFFFFFFFu
-            for r in range(depth):
-                c = row[gs_km_index_p(h, r, magic, width, pmask)]
-                g = (emod - (c >> cbits)) & smask
-                v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+            for r in range(G.rows):
+                c = row[gs_km_index_p(h, r, G.magic, G.width, G.pmask)]
+                g = (G.emod - (c >> G.cbits)) & G.smask
+                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                 est = v if v < est else est
-                row += width
+                row += G.width
             out[i] = est
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(G, hs[i + PF], False)
 
     cdef void _run_query(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                          int64_t q0, int64_t* out) noexcept nogil:
-        cdef uint32_t* cells = self._cells
-        cdef uint32_t depth = self._depth, width = self._width
-        cdef uint64_t magic = self._magic
-        cdef uint32_t pmask = self._pmask
-        cdef int cbits = self._cbits
-        cdef uint32_t cmask = self._cmask, smask = self._smask
-        cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & smask
+        cdef Geometry G = self._geometry()
         cdef int64_t win_hi = self._win_hi
         cdef uint64_t extra0 = <uint64_t>q0 - <uint64_t>self._E
         cdef uint64_t extra
@@ -603,138 +508,31 @@ cdef class DecayingCountMin:
                 out[i] = 0
             return
         for j in range(n if n < PF else PF):
-            h = hs[j]
-            row = cells
-            for r in range(depth):
-                gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                row += width
+            _prefetch_rows(G, hs[j], False)
         for i in range(n):
             extra = extra0
             if ts != NULL:
                 extra = 0
                 if ts[i] >= win_hi:
                     extra = <uint64_t>self._epoch_of(ts[i]) - <uint64_t>self._E
-            if extra >= <uint64_t>cbits:
+            if extra >= <uint64_t>G.cbits:
                 est = 0
             else:
                 h = hs[i]
-                row = cells
+                row = G.cells
                 est = 0xFFFFFFFFu
-                for r in range(depth):
-                    c = row[gs_km_index_p(h, r, magic, width, pmask)]
-                    g = ((emod - (c >> cbits)) & smask) + <uint32_t>extra
-                    v = ((c & cmask) >> g) if g < <uint32_t>cbits else 0
+                for r in range(G.rows):
+                    c = row[gs_km_index_p(h, r, G.magic, G.width, G.pmask)]
+                    g = ((G.emod - (c >> G.cbits)) & G.smask) + <uint32_t>extra
+                    v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                     if v < est:
                         est = v
-                    row += width
+                    row += G.width
             out[i] = est
             if i + PF < n:
-                h = hs[i + PF]
-                row = cells
-                for r in range(depth):
-                    gs_prefetch_r(row + gs_km_index_p(h, r, magic, width, pmask))
-                    row += width
+                _prefetch_rows(G, hs[i + PF], False)
 
-    # ------------------------------------------------------------------ top-k internals
-
-    cdef inline bint _tless(self, int32_t a, int32_t b) noexcept nogil:
-        """Heap order: (value, hash) ascending, a total order so the evicted minimum
-        does not depend on the heap's layout."""
-        if self._tval[a] != self._tval[b]:
-            return self._tval[a] < self._tval[b]
-        return self._thash[a] < self._thash[b]
-
-    cdef void _sift_up(self, int32_t pos) noexcept nogil:
-        cdef int32_t s = self._heap[pos], parent
-        while pos > 0:
-            parent = (pos - 1) >> 1
-            if not self._tless(s, self._heap[parent]):
-                break
-            self._heap[pos] = self._heap[parent]
-            self._tpos[self._heap[pos]] = pos
-            pos = parent
-        self._heap[pos] = s
-        self._tpos[s] = pos
-
-    cdef void _sift_down(self, int32_t pos) noexcept nogil:
-        cdef int32_t s = self._heap[pos], child
-        cdef int32_t n = self._hsize
-        while True:
-            child = 2 * pos + 1
-            if child >= n:
-                break
-            if child + 1 < n and self._tless(self._heap[child + 1], self._heap[child]):
-                child += 1
-            if not self._tless(self._heap[child], s):
-                break
-            self._heap[pos] = self._heap[child]
-            self._tpos[self._heap[pos]] = pos
-            pos = child
-        self._heap[pos] = s
-        self._tpos[s] = pos
-
-    cdef void _heapify(self) noexcept nogil:
-        cdef int32_t i
-        for i in range(self._hsize):
-            self._tpos[self._heap[i]] = i
-        i = self._hsize // 2 - 1
-        while i >= 0:
-            self._sift_down(i)
-            i -= 1
-        if self._hsize:
-            self._update_tmin()
-
-    cdef void _topk_decay(self, uint64_t d) noexcept nogil:
-        """Every candidate's stored estimate decays by d epochs; (value, hash) ties that
-        the halving creates can reorder the heap, so rebuild it (O(N), once per epoch)."""
-        cdef int32_t i
-        for i in range(self._hsize):
-            self._tval[i] = _shifted(self._tval[i], d)
-        self._heapify()
-
-    cdef inline uint32_t _tbucket(self, uint64_t h) noexcept nogil:
-        # Fibonacci hashing of the already-mixed key hash into the table.
-        return <uint32_t>((h * 0x9E3779B97F4A7C15ULL) >> self._tshift) & self._tmask
-
-    cdef inline int32_t _tfind(self, uint64_t h) noexcept nogil:
-        """The slot tracking h, or -1. Table entries keep the hash beside the slot so a
-        hit costs one probe without touching the slot arrays."""
-        cdef uint32_t b = self._tbucket(h)
-        cdef int32_t s
-        while True:
-            s = self._table[b]
-            if s < 0 or self._tabh[b] == h:
-                return s
-            b = (b + 1) & self._tmask
-
-    cdef inline void _tinsert(self, uint64_t h, int32_t slot) noexcept nogil:
-        cdef uint32_t b = self._tbucket(h)
-        while self._table[b] >= 0:
-            b = (b + 1) & self._tmask
-        self._table[b] = slot
-        self._tabh[b] = h
-
-    cdef void _tdelete(self, uint64_t h) noexcept nogil:
-        """Remove h with backward-shift deletion (no tombstones)."""
-        cdef uint32_t i = self._tbucket(h), j, k
-        while self._table[i] < 0 or self._tabh[i] != h:
-            i = (i + 1) & self._tmask
-        j = i
-        while True:
-            j = (j + 1) & self._tmask
-            if self._table[j] < 0:
-                break
-            k = self._tbucket(self._tabh[j])
-            # Leave the entry at j if its home bucket k lies cyclically in (i, j].
-            if (i <= j and i < k and k <= j) or (i > j and (i < k or k <= j)):
-                continue
-            self._table[i] = self._table[j]
-            self._tabh[i] = self._tabh[j]
-            i = j
-        self._table[i] = -1
-
-    cdef inline void _update_tmin(self) noexcept nogil:
-        self._tmin = self._tval[self._heap[0]] if (self._topn and self._hsize == self._topn) else 0
+    # ------------------------------------------------------------------ top-k admission
 
     cdef int32_t _topk_touch(self, uint64_t h, uint32_t est) noexcept nogil:
         """Offer a key's fresh estimate to the candidate set; return the slot when the
@@ -748,54 +546,23 @@ cdef class DecayingCountMin:
         cdef uint32_t cur
         if est == 0:
             return -1
-        if self._hsize == self._topn and est <= self._tval[self._heap[0]]:
+        if self._topk._hsize == self._topk._topn and est <= self._topk._tval[self._topk._heap[0]]:
             return -1                      # not above the minimum (tracked or not: nothing to do)
-        if self._tfind(h) >= 0:
+        if self._topk._tfind(h) >= 0:
             return -1
-        if self._hsize < self._topn:
-            s = self._hsize
-            self._hsize += 1
-            self._thash[s] = h
-            self._tval[s] = est
-            self._heap[s] = s
-            self._tinsert(h, s)
-            self._sift_up(s)
-            self._update_tmin()
-            return s
+        if self._topk._hsize < self._topk._topn:
+            return self._topk._append(h, est)
         while True:
-            s = self._heap[0]
-            cur = self._estimate(self._thash[s], self._E)
-            if cur <= self._tval[s]:
+            s = self._topk._heap[0]
+            cur = self._estimate(self._topk._thash[s], self._E)
+            if cur <= self._topk._tval[s]:
                 break
-            self._tval[s] = cur
-            self._sift_down(0)
-        if est <= self._tval[s]:
-            self._update_tmin()
+            self._topk._tval[s] = cur
+            self._topk._sift_down(0)
+        if est <= self._topk._tval[s]:
+            self._topk._update_tmin()
             return -1
-        self._tdelete(self._thash[s])
-        self._thash[s] = h
-        self._tval[s] = est
-        self._tinsert(h, s)
-        self._sift_down(0)
-        self._update_tmin()
-        return s
-
-    cdef inline void _mark_dirty(self, int32_t slot, int64_t src) noexcept nogil:
-        if self._tsrc[slot] == NOT_DIRTY:
-            self._dirty[self._ndirty] = slot
-            self._ndirty += 1
-        self._tsrc[slot] = src
-
-    cdef _resolve_dirty(self, object source, int kind):
-        """After a batch: attach the key objects of newly admitted candidates."""
-        cdef int32_t i, s
-        cdef int64_t src
-        for i in range(self._ndirty):
-            s = self._dirty[i]
-            src = self._tsrc[s]
-            self._tkeys[s] = None if src < 0 else key_at(source, kind, src)
-            self._tsrc[s] = NOT_DIRTY
-        self._ndirty = 0
+        return self._topk._replace_root(h, est)
 
     # ------------------------------------------------------------------ single-key API
 
@@ -817,10 +584,10 @@ cdef class DecayingCountMin:
         h = hash_key(&self._hasher, key)
         self._advance_to_time(now_ms)
         est = self._bump(h, w)
-        if self._topn:
+        if self._topk._topn:
             adm = self._topk_touch(h, est)
             if adm >= 0:
-                self._tkeys[adm] = bytes(key) if isinstance(key, bytearray) else key
+                self._topk._tkeys[adm] = bytes(key) if isinstance(key, bytearray) else key
 
     def query(self, key, now_ms=None):
         """The decayed estimate of ``key`` at ``now_ms`` (never before the sketch's
@@ -831,26 +598,8 @@ cdef class DecayingCountMin:
 
     # ------------------------------------------------------------------ batch API
 
-    cdef object _scratch_for(self, Py_ssize_t n):
-        """A uint64 buffer of n entries for one batch's hashes: a reused one up to
-        SCRATCH_MAX entries (a fresh large array per batch costs page faults, more
-        than the hashing itself), a temporary one beyond. Calls hold the GIL from
-        hashing to their end, so no two calls share it at once."""
-        if n > SCRATCH_MAX:
-            return np.empty(n, dtype=np.uint64)
-        if self._scratch is None or self._scratch.shape[0] < n:
-            self._scratch = np.empty(max(n, 1024), dtype=np.uint64)
-        return self._scratch[:n]
-
-    cdef tuple _hashes(self, keys):
-        hashes, source, kind = prepare_keys(keys, self._config.seed, self._config.hasher)
-        cdef uint64_t[::1] hv
-        if hashes is None:
-            hashes = self._scratch_for(len(source))
-            hv = hashes
-            if hv.shape[0]:
-                hash_items(&self._hasher, source, &hv[0], hv.shape[0])
-        return hashes, source, kind
+    cdef inline tuple _hashes(self, keys):
+        return _batch_hashes(&self._hasher, self._config, self._scratch, keys)
 
     def increment_many(self, keys, counts=None, now_ms=None):
         """Batch twin of :meth:`increment`: the same single increments, in order.
@@ -887,12 +636,12 @@ cdef class DecayingCountMin:
         if n == 0:
             return 0
         # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
-        if wp == NULL and tp == NULL and self._topn == 0:
+        if wp == NULL and tp == NULL and self._topk._topn == 0:
             self._run_plain(&hv[0], n, <uint32_t>w0c)
         else:
             self._run_increment(&hv[0], n, wp, w0c, tp)
-        if self._ndirty:
-            self._resolve_dirty(source, kind)
+        if self._topk._ndirty:
+            self._topk._resolve_dirty(source, kind)
         return n
 
     def query_many(self, keys, now_ms=None, out=None):
@@ -944,15 +693,15 @@ cdef class DecayingCountMin:
         """
         cdef int64_t q
         cdef int32_t s
-        if self._topn == 0:
+        if self._topk._topn == 0:
             raise ConfigError("top() needs a candidate set: construct the sketch with top_k=N")
         if k is None:
-            k = self._topn
+            k = self._topk._topn
         if isinstance(k, bool) or not hasattr(k, "__index__"):
             raise InvalidInputError(f"k must be an integer, got {k!r}")
         k = k.__index__()
-        if k < 0 or k > self._topn:
-            raise InvalidInputError(f"k must be in [0, top_k={self._topn}], got {k}")
+        if k < 0 or k > self._topk._topn:
+            raise InvalidInputError(f"k must be in [0, top_k={self._topk._topn}], got {k}")
         if now_ms is None or self._epoch_ms == 0:
             q = self._E
             if now_ms is not None:
@@ -960,22 +709,22 @@ cdef class DecayingCountMin:
         else:
             q = self._query_epoch(now_ms)
         rows = []
-        for s in range(self._hsize):
-            est = self._estimate(self._thash[s], q)
+        for s in range(self._topk._hsize):
+            est = self._estimate(self._topk._thash[s], q)
             if est:
-                rows.append((-<int64_t>est, self._thash[s], s))
+                rows.append((-<int64_t>est, self._topk._thash[s], s))
         rows.sort()
         out = []
         for negest, h, s in rows[:k]:
-            key = self._tkeys[s]
+            key = self._topk._tkeys[s]
             out.append((h if key is None else key, -negest))
         return out
 
     def _candidates(self):
         """Debug view of the candidate set: ``[(hash, stored_value, key), ...]`` in heap order."""
         cdef int32_t i, s
-        return [(self._thash[self._heap[i]], self._tval[self._heap[i]], self._tkeys[self._heap[i]])
-                for i in range(self._hsize)]
+        return [(self._topk._thash[self._topk._heap[i]], self._topk._tval[self._topk._heap[i]], self._topk._tkeys[self._topk._heap[i]])
+                for i in range(self._topk._hsize)]
 
     def _decayed_cells(self):
         """Debug view: every counter decayed to the current epoch, shape (depth, width)."""
@@ -1015,11 +764,11 @@ cdef class DecayingCountMin:
             return None
         # Collect candidates before cells change (keys of both, first seen wins).
         cands = {}
-        for s in range(self._hsize):
-            cands[self._thash[s]] = self._tkeys[s]
-        for s in range(other._hsize):
-            if other._thash[s] not in cands:
-                cands[other._thash[s]] = other._tkeys[s]
+        for s in range(self._topk._hsize):
+            cands[self._topk._thash[s]] = self._topk._tkeys[s]
+        for s in range(other._topk._hsize):
+            if other._topk._thash[s] not in cands:
+                cands[other._topk._thash[s]] = other._topk._tkeys[s]
         if not self._started:
             em = other._E
         else:
@@ -1052,9 +801,7 @@ cdef class DecayingCountMin:
     cdef _rebuild_topk(self, dict cands):
         """Refill the candidate set with the N heaviest of `cands` (hash -> key) by the
         current matrix; ties by hash."""
-        cdef int32_t i, s
-        cdef Py_ssize_t tsize
-        if self._topn == 0:
+        if self._topk._topn == 0:
             return
         ranked = []
         for h, key in cands.items():
@@ -1062,32 +809,9 @@ cdef class DecayingCountMin:
             if est:
                 ranked.append((-<int64_t>est, h, key))
         ranked.sort(key=lambda r: (r[0], r[1]))
-        ranked = ranked[:self._topn]
-        tsize = <Py_ssize_t>self._tmask + 1
-        for i in range(tsize):
-            self._table[i] = -1
-        self._hsize = 0
-        for i in range(self._topn):
-            self._tkeys[i] = None
-        for negest, h, key in ranked:
-            s = self._hsize
-            self._hsize += 1
-            self._thash[s] = h
-            self._tval[s] = <uint32_t>(-negest)
-            self._heap[s] = s
-            self._tkeys[s] = key
-            self._tinsert(h, s)
-        self._heapify()
-        self._update_tmin()
+        self._topk._refill(ranked[:self._topk._topn])
 
     # ------------------------------------------------------------------ snapshots
-
-    def use_hash_key(self, key):
-        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
-        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
-        new sketch before its first update, and again after ``from_bytes``. Needs
-        ``hasher="siphash"``."""
-        set_siphash_key(&self._hasher, key)
 
     def to_bytes(self):
         """Serialize: the envelope (magic, version, kind, CRC-32C) around a JSON header
@@ -1098,18 +822,18 @@ cdef class DecayingCountMin:
         header["base_epoch"] = self._S if self._started else None
         cells = np.asarray(<uint32_t[:self._ncells]>self._cells).astype("<u4", copy=False).tobytes()
         parts = [cells]
-        if self._topn:
-            parts.append(struct.pack("<I", self._hsize))
-            for i in range(self._hsize):
-                s = self._heap[i]
-                key = self._tkeys[s]
+        if self._topk._topn:
+            parts.append(struct.pack("<I", self._topk._hsize))
+            for i in range(self._topk._hsize):
+                s = self._topk._heap[i]
+                key = self._topk._tkeys[s]
                 if key is None:
                     kind, raw = 0, b""
                 elif isinstance(key, str):
                     kind, raw = 2, key.encode("utf-8")
                 else:
                     kind, raw = 1, bytes(key)
-                parts.append(struct.pack("<QIBI", self._thash[s], self._tval[s], kind, len(raw)))
+                parts.append(struct.pack("<QIBI", self._topk._thash[s], self._topk._tval[s], kind, len(raw)))
                 parts.append(raw)
         return pack(KIND_COUNT_MIN, header, b"".join(parts))
 
@@ -1180,7 +904,7 @@ cdef class DecayingCountMin:
             self._started = True
             self._set_window()
         off = self._ncells * 4
-        if self._topn == 0:
+        if self._topk._topn == 0:
             if off != nbytes:
                 raise SnapshotError("DecayingCountMin payload has trailing bytes")
             return
@@ -1188,8 +912,8 @@ cdef class DecayingCountMin:
         if len(view) < 4:
             raise SnapshotError("DecayingCountMin payload lacks its candidate-set count")
         (ncand,) = struct.unpack_from("<I", view, 0)
-        if ncand > self._topn or (ncand and E is None):
-            raise SnapshotError(f"DecayingCountMin snapshot holds {ncand} candidates, top_k is {self._topn}")
+        if ncand > self._topk._topn or (ncand and E is None):
+            raise SnapshotError(f"DecayingCountMin snapshot holds {ncand} candidates, top_k is {self._topk._topn}")
         off = 4
         seen = set()
         for i in range(ncand):
@@ -1222,17 +946,17 @@ cdef class DecayingCountMin:
             if val > self._estimate(h, self._E):
                 raise SnapshotError("DecayingCountMin candidate value exceeds the key's estimate")
             s = <int32_t>i
-            self._thash[s] = h
-            self._tval[s] = val
-            self._heap[s] = s
-            self._tpos[s] = s
-            self._tkeys[s] = key
+            self._topk._thash[s] = h
+            self._topk._tval[s] = val
+            self._topk._heap[s] = s
+            self._topk._tpos[s] = s
+            self._topk._tkeys[s] = key
         if off != len(view):
             raise SnapshotError("DecayingCountMin payload has trailing bytes")
-        self._hsize = <int32_t>ncand
+        self._topk._hsize = <int32_t>ncand
         for i in range(1, ncand):
-            if self._tless(<int32_t>i, <int32_t>((i - 1) // 2)):
+            if self._topk._tless(<int32_t>i, <int32_t>((i - 1) // 2)):
                 raise SnapshotError("DecayingCountMin candidate set is not a valid heap")
         for i in range(ncand):
-            self._tinsert(self._thash[i], <int32_t>i)
-        self._update_tmin()
+            self._topk._tinsert(self._topk._thash[i], <int32_t>i)
+        self._topk._update_tmin()

@@ -6,10 +6,12 @@ from libc.stdint cimport int64_t
 cimport numpy as cnp
 import numpy as np
 
+from grudge_stream import record_checks as _checks
+
 cnp.import_array()
 
-# Timestamps outside [0, 2**53) ms are refused (see operators.codec.MAX_TIMESTAMP_MS).
-cdef int64_t MAX_TS = (1 << 53) - 1
+# Timestamps outside [0, 2**53) ms are refused (grudge_stream.record_checks, as the codec).
+cdef int64_t MAX_TS = _checks.MAX_TIMESTAMP_MS
 
 
 def group_messages(list msgs):
@@ -91,18 +93,18 @@ def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dic
             continue
         k = keys[i]
         if k is None:
-            bad.append((i, "record has no key"))
+            bad.append((i, _checks.NO_KEY))
             continue
         if not allow_empty_keys and len(<bytes>k) == 0:
-            bad.append((i, "empty key (allow_empty_keys is off)"))
+            bad.append((i, _checks.EMPTY_KEY))
             continue
         if max_key_bytes and len(<bytes>k) > max_key_bytes:
-            bad.append((i, f"key is {len(<bytes>k)} bytes, over the limit of {max_key_bytes}"))
+            bad.append((i, _checks.key_too_long(len(<bytes>k), max_key_bytes)))
             continue
         t = timestamps[i]
         tsv = t
         if tsv < 0 or tsv > MAX_TS:
-            bad.append((i, f"record timestamp {tsv} is out of range [0, 2**53)"))
+            bad.append((i, _checks.timestamp_out_of_range("record timestamp", tsv)))
             continue
         idx[j] = i
         deltas[j] = d

@@ -18,9 +18,9 @@ from ghash cimport (set_siphash_key, Hasher, make_hasher, key_view, hash_key, ha
                     gh_hash, gh_splitmix64, GH_GOLDEN, GH_MURMUR3, GH_SIPHASH)
 
 from grudge_stream import envelope as _envelope
-from grudge_stream.clock import SystemClock as _SystemClock, as_ms as _as_ms, default_clock as _default_clock
-from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
 from grudge_stream.sketches.score_config import RotatorConfig, ScoreSketchConfig, resolve_seed
+
+include "_common.pxi"
 
 cnp.import_array()
 
@@ -40,7 +40,6 @@ cdef extern from "score_kernel.h":
 
 cdef extern from "gsketch.h":
     void gs_prefetch_w(const void* p) nogil
-    int64_t gs_wall_ms() nogil
 
 
 cdef enum:
@@ -356,19 +355,7 @@ def _lock_cost(Py_ssize_t n=1_000_000):
 
 cdef inline int64_t _time_arg(object v) except? -1:
     """int milliseconds in (-2**63, 2**63); INT64_MIN is the 'never stamped' sentinel."""
-    cdef int64_t out
-    if type(v) is not int:
-        try:
-            v = _as_ms(v)
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
-    try:
-        out = v
-    except OverflowError:
-        raise InvalidInputError(f"now_ms {v} is outside the int64 millisecond range") from None
-    if out == INT64_MIN:
-        raise InvalidInputError("now_ms must be > -2**63 (that value marks a never-stamped cell)")
-    return out
+    return _time_ms(v, True)
 
 
 cdef inline int _check_delta(double d, str what) except -1:
@@ -482,14 +469,6 @@ cdef int _setup_core(Core* c, object cfg) except -1:
     return 0
 
 
-cdef object _clock_of(object clock):
-    if clock is None:
-        return _default_clock()
-    if not callable(getattr(clock, "now_ms", None)):
-        raise ConfigError(f"clock must have a now_ms() method, got {clock!r}")
-    return clock
-
-
 cdef gs_cell* _alloc(size_t n) except NULL:
     cdef gs_cell* t = gs_table_alloc(n)
     if t == NULL:
@@ -583,10 +562,115 @@ cdef BatchArgs _batch_args(Hasher* hasher, keys, deltas, limits, now_ms, int out
     return a
 
 
+# ---- what ScoreSketch and Rotator share ----------------------------------------------
+
+cdef class _ScoreKernel(_Sketch):
+    """The half ScoreSketch and Rotator share: the cells' shape and decay (``_core``),
+    the hasher, the lock, the watermark, the clock, and the batch driver
+    (``_score_batch``): it checks a call's arguments, then runs the subclass's
+    ``_run`` over its events without the GIL."""
+    cdef Core _core
+    cdef size_t _ncells              # per table (a Rotator has one per generation)
+    cdef gs_lock _lock
+    cdef int64_t _watermark
+
+    def __cinit__(self):
+        self._watermark = INT64_MIN
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("_ScoreKernel is the base of ScoreSketch and Rotator only")
+
+    cdef int _bind(self, object cfg, object sketch, object clock) except -1:
+        """Shape, decay and hasher from ``sketch`` (a ScoreSketchConfig), the full
+        ``cfg`` and an already checked ``clock``; the watermark starts unset."""
+        _setup_core(&self._core, sketch)
+        self._ncells = <size_t>sketch.levels * <size_t>sketch.cells_per_level
+        self._hasher = make_hasher(_HASH_CODES[sketch.hasher], <uint64_t>sketch.seed)
+        self._watermark = INT64_MIN
+        self._config = cfg
+        self._bind_clock(clock)
+        return 0
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def shape(self):
+        """``(rows, cells_per_row)`` of one cell table: ``(levels, cells_per_level)``
+        (a Rotator has one such table per generation)."""
+        return (self._core.L, self._core.M)
+
+    @property
+    def watermark_ms(self):
+        """The latest now_ms any operation carried (None before the first)."""
+        return None if self._watermark == INT64_MIN else self._watermark
+
+    def __copy__(self):
+        return self.copy()
+
+    def __deepcopy__(self, memo):
+        return self.copy()
+
+    # -- hashing ----------------------------------------------------------------------
+
+    def key_hash(self, key):
+        """The 64-bit hash this sketch uses for ``key`` (what its batch API takes
+        pre-hashed; a Rotator remixes it per generation)."""
+        return hash_key(&self._hasher, key)
+
+    def key_hashes(self, keys):
+        """``key_hash`` of every key, as a uint64 array."""
+        return _hashes_of(&self._hasher, keys)
+
+    # -- the batch driver -------------------------------------------------------------
+
+    cdef inline int64_t _now(self, object now_ms) except? -1:
+        return _clock_now(now_ms, self._clock, self._wall, True)
+
+    def update_many(self, keys, deltas, now_ms=None):
+        """``update`` for each event in order. ``keys``: a list/tuple of bytes/str keys or
+        a uint64 array of ``key_hashes``; ``deltas`` and ``now_ms``: scalars or arrays
+        of the batch's length. Runs without the GIL."""
+        _score_batch(self, keys, deltas, 0.0, now_ms, OP_UPDATE, 0)
+
+    def query_many(self, keys, now_ms=None):
+        """``query`` for each event in order; returns a float64 array."""
+        return _score_batch(self, keys, 0.0, 0.0, now_ms, OP_QUERY, 1)
+
+    def update_and_query_many(self, keys, deltas, now_ms=None):
+        """``update_and_query`` for each event in order; returns a float64 array."""
+        return _score_batch(self, keys, deltas, 0.0, now_ms, OP_UPDATE, 1)
+
+    def try_update_many(self, keys, deltas, limit, now_ms=None):
+        """``try_update`` for each event in order; returns a bool array. ``limit`` is a
+        scalar or an array of the batch's length."""
+        return _score_batch(self, keys, deltas, limit, now_ms, OP_TRY, 2)
+
+
+cdef inline object _score_batch(_ScoreKernel k, keys, deltas, limits, now_ms, int op, int out):
+    """The batch driver of both score kernels: check the arguments (``_batch_args``),
+    then run the events without the GIL through the kernel's own loop. Inlined into
+    each ``*_many`` with its op, and calling ``_run`` directly (not through the
+    vtable), so the C compiler specialises each loop for its op as before."""
+    cdef BatchArgs a = _batch_args(&k._hasher, keys, deltas, limits,
+                                   k._now(None) if now_ms is None else now_ms, out)
+    cdef ScoreSketch s
+    cdef Rotator r
+    if a.n:
+        if type(k) is ScoreSketch:
+            s = <ScoreSketch>k
+            with nogil:
+                s._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
+        else:
+            r = <Rotator>k
+            with nogil:
+                r._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
+    return a.res
+
+
 # ---- ScoreSketch ------------------------------------------------------------------
 
 @cython.final
-cdef class ScoreSketch:
+cdef class ScoreSketch(_ScoreKernel):
     """Decaying feedback scores over unbounded keys in fixed memory.
 
     ``ScoreSketch(levels, cells_per_level, decay, lo=0.0, hi=inf,
@@ -618,19 +702,10 @@ cdef class ScoreSketch:
     Error: with non-negative deltas and ``min``, ``query(k) >= k``'s exact score,
     exact when one of k's cells is not shared. Thread-safe (each event is atomic).
     """
-    cdef Core _core
     cdef gs_cell* _table
-    cdef size_t _ncells
-    cdef Hasher _hasher
-    cdef gs_lock _lock
-    cdef int64_t _watermark
-    cdef bint _wall
-    cdef object _clock
-    cdef object _config
 
     def __cinit__(self):
         self._table = NULL
-        self._watermark = INT64_MIN
 
     def __dealloc__(self):
         if self._table != NULL:
@@ -651,13 +726,7 @@ cdef class ScoreSketch:
         if self._table != NULL:
             free(self._table)
         self._table = t
-        self._ncells = <size_t>cfg.levels * <size_t>cfg.cells_per_level
-        _setup_core(&self._core, cfg)
-        self._hasher = make_hasher(_HASH_CODES[cfg.hasher], <uint64_t>cfg.seed)
-        self._watermark = INT64_MIN
-        self._config = cfg
-        self._clock = clock
-        self._wall = type(clock) is _SystemClock
+        self._bind(cfg, cfg, clock)
         return 0
 
     # -- properties ---------------------------------------------------------------
@@ -668,25 +737,12 @@ cdef class ScoreSketch:
         return self._config
 
     @property
-    def seed(self):
-        return self._config.seed
-
-    @property
     def levels(self):
         return self._config.levels
 
     @property
     def cells_per_level(self):
         return self._config.cells_per_level
-
-    @property
-    def clock(self):
-        return self._clock
-
-    @property
-    def watermark_ms(self):
-        """The latest now_ms any operation carried (None before the first)."""
-        return None if self._watermark == INT64_MIN else self._watermark
 
     def memory_bytes(self):
         """``16 * levels * cells_per_level + ScoreSketch.__basicsize__`` (fixed at construction)."""
@@ -698,40 +754,7 @@ cdef class ScoreSketch:
                 f"decay={c.decay!r}, lo={c.lo!r}, hi={c.hi!r}, aggregator={c.aggregator!r}, "
                 f"hasher={c.hasher!r}, seed={c.seed})")
 
-    def __reduce__(self):
-        raise TypeError("ScoreSketch is never pickled; use to_bytes() and ScoreSketch.from_bytes()")
-
-    def __copy__(self):
-        return self.copy()
-
-    def __deepcopy__(self, memo):
-        return self.copy()
-
-    # -- hashing ------------------------------------------------------------------
-
-    def use_hash_key(self, key):
-        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
-        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
-        new sketch before its first update, and again after ``from_bytes``. Needs
-        ``hasher="siphash"``."""
-        set_siphash_key(&self._hasher, key)
-
-    def key_hash(self, key):
-        """The 64-bit hash this sketch uses for ``key`` (what its batch API takes pre-hashed)."""
-        return hash_key(&self._hasher, key)
-
-    def key_hashes(self, keys):
-        """``key_hash`` of every key, as a uint64 array."""
-        return _hashes_of(&self._hasher, keys)
-
     # -- single-key operations --------------------------------------------------------
-
-    cdef inline int64_t _now(self, object now_ms) except? -1:
-        if now_ms is None:
-            if self._wall:
-                return gs_wall_ms()
-            return _time_arg(self._clock.now_ms())
-        return _time_arg(now_ms)
 
     cdef inline double _single(self, uint64_t h, int64_t now, double delta, int op, double limit,
                                double penalty, bint* adm, double* levels, uint32_t* idx) noexcept:
@@ -873,33 +896,6 @@ cdef class ScoreSketch:
             gs_lock_release(&self._lock)
             gs_lock_courtesy(&self._lock)
             start = end
-
-    cdef object _batch(self, keys, deltas, limits, now_ms, int op, int out):
-        cdef BatchArgs a = _batch_args(&self._hasher, keys, deltas, limits,
-                                       self._now(None) if now_ms is None else now_ms, out)
-        if a.n:
-            with nogil:
-                self._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
-        return a.res
-
-    def update_many(self, keys, deltas, now_ms=None):
-        """``update`` for each event in order. ``keys``: a list/tuple of bytes/str keys or
-        a uint64 array of ``key_hashes``; ``deltas`` and ``now_ms``: scalars or arrays
-        of the batch's length. Runs without the GIL."""
-        self._batch(keys, deltas, 0.0, now_ms, OP_UPDATE, 0)
-
-    def query_many(self, keys, now_ms=None):
-        """``query`` for each event in order; returns a float64 array."""
-        return self._batch(keys, 0.0, 0.0, now_ms, OP_QUERY, 1)
-
-    def update_and_query_many(self, keys, deltas, now_ms=None):
-        """``update_and_query`` for each event in order; returns a float64 array."""
-        return self._batch(keys, deltas, 0.0, now_ms, OP_UPDATE, 1)
-
-    def try_update_many(self, keys, deltas, limit, now_ms=None):
-        """``try_update`` for each event in order; returns a bool array. ``limit`` is a
-        scalar or an array of the batch's length."""
-        return self._batch(keys, deltas, limit, now_ms, OP_TRY, 2)
 
     # -- whole-sketch operations ----------------------------------------------------
 
@@ -1154,7 +1150,7 @@ cdef inline uint64_t generation_seed(uint64_t seed, uint64_t number) noexcept no
 
 
 @cython.final
-cdef class Rotator:
+cdef class Rotator(_ScoreKernel):
     """N generations of ScoreSketch cells that rotate on event time.
 
     ``Rotator(generations=2, period_ms=..., seed=None, clock=None, **score_sketch_kwargs)``.
@@ -1174,31 +1170,25 @@ cdef class Rotator:
     output from ``seed``, so each generation has its own independent cells while
     a key is hashed once (pre-hashed uint64 input is ``key_hash(key)``).
 
+    ``seed=None`` means seed 0, as for ScoreSketch: nothing is drawn at random (pass a
+    secret seed, or ``use_hash_key``, when attackers choose the keys).
+
     Memory: ``generations * 16 * levels * cells_per_level + Rotator.__basicsize__``.
     """
-    cdef Core _core
     cdef gs_cell* _tables[MAXG]      # ring: generation i (0 = oldest) is slot (head + i) % n
     cdef uint64_t _gseed[MAXG]       # by generation position, oldest first
     cdef int _n
     cdef int _head
-    cdef size_t _ncells              # per generation
-    cdef Hasher _hasher
-    cdef gs_lock _lock
     cdef int64_t _period             # 0: manual rotation only
     cdef int64_t _epoch
     cdef uint64_t _rotations
     cdef uint64_t _seed
-    cdef int64_t _watermark
-    cdef bint _wall
-    cdef object _clock
-    cdef object _config
 
     def __cinit__(self):
         cdef int g
         for g in range(MAXG):
             self._tables[g] = NULL
         self._n = 0
-        self._watermark = INT64_MIN
 
     def __dealloc__(self):
         self._free()
@@ -1226,18 +1216,12 @@ cdef class Rotator:
             self._tables[g] = _alloc(ncells)
         self._n = cfg.generations
         self._head = 0
-        self._ncells = ncells
-        _setup_core(&self._core, cfg.sketch)
+        self._bind(cfg, cfg.sketch, clock)
         self._seed = <uint64_t>cfg.sketch.seed
-        self._hasher = make_hasher(_HASH_CODES[cfg.sketch.hasher], self._seed)
         self._period = 0 if cfg.period_ms is None else cfg.period_ms
         self._epoch = 0
         self._rotations = 0
-        self._watermark = INT64_MIN
         self._derive_seeds()
-        self._config = cfg
-        self._clock = clock
-        self._wall = type(clock) is _SystemClock
         return 0
 
     cdef void _derive_seeds(self) noexcept nogil:
@@ -1337,14 +1321,6 @@ cdef class Rotator:
         """The live generations' seeds, oldest first."""
         return tuple([self._gseed[g] for g in range(self._n)])
 
-    @property
-    def clock(self):
-        return self._clock
-
-    @property
-    def watermark_ms(self):
-        return None if self._watermark == INT64_MIN else self._watermark
-
     def memory_bytes(self):
         """``generations * 16 * levels * cells_per_level + Rotator.__basicsize__``."""
         return self._n * 16 * self._ncells + Rotator.__basicsize__
@@ -1357,37 +1333,7 @@ cdef class Rotator:
                 f"aggregator={s.aggregator!r}, hasher={s.hasher!r}, seed={s.seed}, "
                 f"rotations={self._rotations})")
 
-    def __reduce__(self):
-        raise TypeError("Rotator is never pickled; use to_bytes() and Rotator.from_bytes()")
-
-    def __copy__(self):
-        return self.copy()
-
-    def __deepcopy__(self, memo):
-        return self.copy()
-
-    def use_hash_key(self, key):
-        """Key SipHash with a secret 128-bit ``key`` (16 bytes) instead of the key derived
-        from ``seed``. The key is neither part of ``config`` nor serialized: call this on a
-        new sketch before its first update, and again after ``from_bytes``. Needs
-        ``hasher="siphash"``."""
-        set_siphash_key(&self._hasher, key)
-
-    def key_hash(self, key):
-        """The 64-bit hash the Rotator takes pre-hashed (remixed per generation)."""
-        return hash_key(&self._hasher, key)
-
-    def key_hashes(self, keys):
-        return _hashes_of(&self._hasher, keys)
-
     # -- operations -------------------------------------------------------------------
-
-    cdef inline int64_t _now(self, object now_ms) except? -1:
-        if now_ms is None:
-            if self._wall:
-                return gs_wall_ms()
-            return _time_arg(self._clock.now_ms())
-        return _time_arg(now_ms)
 
     cdef inline double _single(self, uint64_t h, int64_t now, double delta, int op, double limit,
                                bint* adm, double* levels, uint32_t* idx) noexcept:
@@ -1477,27 +1423,6 @@ cdef class Rotator:
             gs_lock_release(&self._lock)
             gs_lock_courtesy(&self._lock)
             start = end
-
-    cdef object _batch(self, keys, deltas, limits, now_ms, int op, int out):
-        cdef BatchArgs a = _batch_args(&self._hasher, keys, deltas, limits,
-                                       self._now(None) if now_ms is None else now_ms, out)
-        if a.n:
-            with nogil:
-                self._run(a.hs, a.n, a.dv, a.ds, a.tv, a.ts, a.lv, a.ls, op, a.outf, a.outb)
-        return a.res
-
-    def update_many(self, keys, deltas, now_ms=None):
-        """``update`` for each event in order (see ScoreSketch.update_many)."""
-        self._batch(keys, deltas, 0.0, now_ms, OP_UPDATE, 0)
-
-    def query_many(self, keys, now_ms=None):
-        return self._batch(keys, 0.0, 0.0, now_ms, OP_QUERY, 1)
-
-    def update_and_query_many(self, keys, deltas, now_ms=None):
-        return self._batch(keys, deltas, 0.0, now_ms, OP_UPDATE, 1)
-
-    def try_update_many(self, keys, deltas, limit, now_ms=None):
-        return self._batch(keys, deltas, limit, now_ms, OP_TRY, 2)
 
     # -- whole-rotator operations ------------------------------------------------------
 

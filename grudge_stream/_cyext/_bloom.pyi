@@ -41,6 +41,10 @@ class ForgettingBloom:
     @property
     def positions(self) -> int: ...
     @property
+    def shape(self) -> tuple[int, int]:
+        """``(rows, cells_per_row)`` = ``(1, positions)``: the ``hashes`` positions of a key
+        share one row of position groups (see every sketch's ``shape``)."""
+    @property
     def clock(self) -> Clock: ...
     @property
     def rotations(self) -> int: ...

@@ -34,6 +34,9 @@ class DecayingCountMin:
     @property
     def width(self) -> int: ...
     @property
+    def shape(self) -> tuple[int, int]:
+        """``(rows, cells_per_row)`` = ``(depth, width)``, as every sketch's ``shape``."""
+    @property
     def epoch_ms(self) -> int | None: ...
     @property
     def counter_bits(self) -> int: ...

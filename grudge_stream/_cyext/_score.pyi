@@ -49,6 +49,10 @@ class ScoreSketch:
     @property
     def cells_per_level(self) -> int: ...
     @property
+    def shape(self) -> Tuple[int, int]:
+        """``(rows, cells_per_row)`` = ``(levels, cells_per_level)`` of one cell table
+        (a Rotator has one per generation), as every sketch's ``shape``."""
+    @property
     def clock(self) -> Any: ...
     @property
     def watermark_ms(self) -> Optional[int]: ...
@@ -99,6 +103,10 @@ class Rotator:
     def epoch(self) -> int: ...
     @property
     def generation_seeds(self) -> Tuple[int, ...]: ...
+    @property
+    def shape(self) -> Tuple[int, int]:
+        """``(rows, cells_per_row)`` = ``(levels, cells_per_level)`` of one cell table
+        (a Rotator has one per generation), as every sketch's ``shape``."""
     @property
     def clock(self) -> Any: ...
     @property

@@ -15,9 +15,17 @@ from typing import Any, Mapping, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 
-# Timestamps outside [0, 2**53) ms are refused: they cannot be real event times and
-# would not survive a round trip through a float.
-MAX_TIMESTAMP_MS = 2**53 - 1
+# The limits and dead-letter reasons this decoder shares with the batch path's compiled
+# loop (cyext/_ingest.pyx). Timestamps outside [0, 2**53) ms are refused: they cannot be
+# real event times and would not survive a round trip through a float.
+from grudge_stream.record_checks import (
+    EMPTY_KEY,
+    MAX_TIMESTAMP_MS,
+    NO_KEY,
+    key_too_long,
+    timestamp_out_of_range,
+)
+
 CACHE_MAX_VALUE_BYTES = 256
 CACHE_MAX_ENTRIES = 65_536
 
@@ -105,12 +113,12 @@ class EventCodec:
             if cached.__class__ is str:
                 raise BadRecord(cached)
             if key is None:
-                raise BadRecord("record has no key")
+                raise BadRecord(NO_KEY)
             return Event(self._check_key(key), self._check_ts(record_ts_ms, "record timestamp"), cached)
         obj = _json_object(value)
         if self.key_field is None:
             if key is None:
-                raise BadRecord("record has no key")
+                raise BadRecord(NO_KEY)
             k = key
         else:
             kv = obj.get(self.key_field)
@@ -177,15 +185,15 @@ class EventCodec:
 
     def _check_key(self, k: bytes) -> bytes:
         if not k and not self.allow_empty_keys:
-            raise BadRecord("empty key (allow_empty_keys is off)")
+            raise BadRecord(EMPTY_KEY)
         if self.max_key_bytes and len(k) > self.max_key_bytes:
-            raise BadRecord(f"key is {len(k)} bytes, over the limit of {self.max_key_bytes}")
+            raise BadRecord(key_too_long(len(k), self.max_key_bytes))
         return k
 
     @staticmethod
     def _check_ts(ts: int, what: str) -> int:
         if ts < 0 or ts > MAX_TIMESTAMP_MS:
-            raise BadRecord(f"{what} {ts} is out of range [0, 2**53)")
+            raise BadRecord(timestamp_out_of_range(what, ts))
         return ts
 
 
