@@ -8,11 +8,11 @@ from libc.stdint cimport int64_t, uint64_t, INT64_MIN
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 from ghash cimport Hasher, set_siphash_key
-from gkeys cimport hash_items
+from gkeys cimport hash_items, hash_rows
 
 from grudge_stream.clock import SystemClock as _SystemClock, as_ms as _as_ms, default_clock as _default_clock
 from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
-from grudge_stream.sketches._inputs import prepare_keys as _prepare_keys
+from grudge_stream.sketches._inputs import ROWS as _ROWS, prepare_keys as _prepare_keys
 
 cdef extern from "gsketch.h" nogil:
     int64_t gs_wall_ms()
@@ -106,14 +106,18 @@ cdef class _Scratch:
 
 cdef tuple _batch_hashes(const Hasher* hasher, object cfg, _Scratch scratch, object keys):
     """``(hashes, source, kind)`` of a batch's keys (``sketches._inputs.prepare_keys``
-    decides the form); a list or tuple of keys is hashed here into ``scratch``."""
+    decides the form); a list or tuple of keys, or the rows of a 2-D uint8 array, are hashed
+    here into ``scratch`` with the sketch's hasher (its secret key included)."""
     cdef uint64_t[::1] hv
-    hashes, source, kind = _prepare_keys(keys, cfg.seed, cfg.hasher)
+    hashes, source, kind = _prepare_keys(keys)
     if hashes is None:
         hashes = scratch.take(len(source))
         hv = hashes
         if hv.shape[0]:
-            hash_items(hasher, source, &hv[0], hv.shape[0])
+            if kind == _ROWS:
+                hash_rows(hasher, source, &hv[0])
+            else:
+                hash_items(hasher, source, &hv[0], hv.shape[0])
     return hashes, source, kind
 
 

@@ -396,11 +396,7 @@ cdef object _hashes_of(Hasher* hs, object keys):
         n = rows.shape[0]
         width = rows.shape[1]
         out = np.empty(n, dtype=np.uint64)
-        o = <uint64_t*>cnp.PyArray_DATA(out)
-        with nogil:
-            for i in range(n):
-                o[i] = gh_hash(hs.algo, &rows[i, 0] if width > 0 else <const uint8_t*>"",
-                               <size_t>width, hs.seed32, hs.k0, hs.k1)
+        hash_rows(hs, rows, <uint64_t*>cnp.PyArray_DATA(out))
         return out
     if arr.ndim == 1 and arr.dtype.kind == "O":
         return _hashes_of(hs, arr.tolist())

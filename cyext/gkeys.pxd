@@ -3,7 +3,7 @@
 # objects, and a cache miss per key would cost more than the hash itself).
 # Found through include_path=["cyext"]; cimport as `from gkeys cimport hash_items`.
 from cpython.ref cimport PyObject
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint8_t, uint64_t
 from ghash cimport Hasher, key_view, gh_hash
 
 cdef extern from "Python.h":
@@ -41,4 +41,17 @@ cdef inline int hash_items(const Hasher* h, object seq, uint64_t* out, Py_ssize_
         else:
             key_view(<object>o, &p, &size)
             out[i] = gh_hash(h.algo, p, <size_t>size, h.seed32, h.k0, h.k1)
+    return 0
+
+
+cdef inline int hash_rows(const Hasher* h, const uint8_t[:, ::1] rows, uint64_t* out) except -1:
+    """Hash each row of a C-contiguous 2-D uint8 array (fixed-width keys) into out, with the
+    sketch's own hasher: its algorithm, seed and secret key (``use_hash_key``), so a row
+    and the same key as bytes land in the same cells."""
+    cdef Py_ssize_t i, n = rows.shape[0], width = rows.shape[1]
+    cdef const uint8_t* empty = <const uint8_t*>""
+    with nogil:
+        for i in range(n):
+            out[i] = gh_hash(h.algo, &rows[i, 0] if width > 0 else empty, <size_t>width,
+                             h.seed32, h.k0, h.k1)
     return 0

@@ -13,7 +13,6 @@ import numpy as np
 
 from grudge_stream.clock import as_ms
 from grudge_stream.exceptions import InvalidInputError
-from grudge_stream.hashing import hash64_many
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1
@@ -22,9 +21,10 @@ U64_MAX = (1 << 64) - 1
 PREHASHED, SEQUENCE, ROWS = 0, 1, 2
 
 
-def prepare_keys(keys: Any, seed: int, algorithm: str) -> tuple[np.ndarray | None, Any, int]:
-    """Return ``(hashes, source, kind)``; ``hashes`` is None for a SEQUENCE, which the
-    kernel hashes itself (``gkeys.hash_items``).
+def prepare_keys(keys: Any) -> tuple[np.ndarray | None, Any, int]:
+    """Return ``(hashes, source, kind)``; ``hashes`` is None for a SEQUENCE or ROWS, which
+    the kernel hashes itself with its own hasher, secret key included (``gkeys.hash_items``,
+    ``gkeys.hash_rows``).
 
     - a 1-D numpy array (or buffer) of 8-byte integers: pre-hashed keys, used as they
       are (int64 reinterpreted as uint64); ``source`` is None;
@@ -45,8 +45,7 @@ def prepare_keys(keys: Any, seed: int, algorithm: str) -> tuple[np.ndarray | Non
                 )
             return np.ascontiguousarray(arr).view(np.uint64), None, PREHASHED
         if arr.dtype == np.uint8 and arr.ndim == 2:
-            rows = np.ascontiguousarray(arr)
-            return hash64_many(rows, seed, algorithm), rows, ROWS
+            return None, np.ascontiguousarray(arr), ROWS
         if arr.dtype.kind in "OSU" and arr.ndim == 1:
             return None, arr.tolist(), SEQUENCE
         raise TypeError(f"cannot use an array of dtype {arr.dtype} and shape {arr.shape} as keys")

@@ -590,3 +590,25 @@ def test_calls_are_atomic_across_threads() -> None:
     assert shared.to_bytes() == alone.to_bytes()
     assert bloom_shared.contains_many([k for b in batches for k in b]).all()
     assert bloom_shared.to_bytes() == bloom_alone.to_bytes()
+
+
+def test_rows_are_hashed_with_the_secret_key_like_bytes_keys() -> None:
+    """Fixed-width keys as 2-D uint8 rows land where the same keys as bytes do, with a
+    secret key too (rows were hashed with the public seed before)."""
+    import secrets
+
+    from grudge_stream import ForgettingBloom
+
+    keys = [b"k-%05d" % i for i in range(50)]
+    rows = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), -1)
+    secret = secrets.token_bytes(16)
+    c = DecayingCountMin(depth=4, width=4096, epoch_ms=None, seed=7, hasher="siphash")
+    c.use_hash_key(secret)
+    c.increment_many(rows)
+    assert [c.query(k) for k in keys] == [1] * len(keys)
+    assert list(c.query_many(keys)) == list(c.query_many(rows)) == [1] * len(keys)
+    b = ForgettingBloom(capacity=1000, fp_rate=0.001, seed=7, hasher="siphash")
+    b.use_hash_key(secret)
+    b.add_if_absent_many(rows)
+    assert all(b.contains(k) for k in keys)
+    assert list(b.add_if_absent_many(keys)) == [False] * len(keys)
