@@ -5,9 +5,11 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 cimport numpy as cnp
 import numpy as np
 
-from ghash cimport (Hasher, make_hasher, key_view, hash_key, hash_sequence,
+from ghash cimport (Hasher, make_hasher, key_view, hash_key,
                     gh_murmur3_64, gh_siphash24, gh_splitmix64, gh_km_index,
                     gh_hash, gh_crc32c_init, gh_crc32c, GH_MURMUR3, GH_SIPHASH)
+
+from gkeys cimport hash_items, hash_rows
 
 cnp.import_array()
 gh_crc32c_init()
@@ -43,13 +45,12 @@ def hash64_many(keys, uint64_t seed=0, algorithm="murmur3"):
     """
     cdef Hasher h = make_hasher(algorithm_code(algorithm), seed)
     cdef const uint8_t[:, ::1] rows
-    cdef Py_ssize_t i, n, width
+    cdef Py_ssize_t n
     cdef cnp.ndarray[cnp.uint64_t, ndim=1] out
-    cdef uint64_t* o
     if isinstance(keys, (list, tuple)):
         n = len(keys)
         out = np.empty(n, dtype=np.uint64)
-        hash_sequence(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
+        hash_items(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
         return out
     if isinstance(keys, (bytes, str, bytearray)):
         raise TypeError("hash64_many takes a sequence of keys; use hash64 for one key")
@@ -59,16 +60,10 @@ def hash64_many(keys, uint64_t seed=0, algorithm="murmur3"):
         keys = list(keys)
         n = len(keys)
         out = np.empty(n, dtype=np.uint64)
-        hash_sequence(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
+        hash_items(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
         return out
-    n = rows.shape[0]
-    width = rows.shape[1]
-    out = np.empty(n, dtype=np.uint64)
-    o = <uint64_t*>cnp.PyArray_DATA(out)
-    with nogil:
-        for i in range(n):
-            o[i] = gh_hash(h.algo, &rows[i, 0] if width > 0 else <const uint8_t*>"", <size_t>width,
-                           h.seed32, h.k0, h.k1)
+    out = np.empty(rows.shape[0], dtype=np.uint64)
+    hash_rows(&h, rows, <uint64_t*>cnp.PyArray_DATA(out))
     return out
 
 

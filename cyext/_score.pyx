@@ -14,7 +14,7 @@ import numpy as np
 import collections
 import sys
 
-from ghash cimport (set_siphash_key, Hasher, make_hasher, key_view, hash_key, hash_sequence, gh_km_index,
+from ghash cimport (set_siphash_key, Hasher, make_hasher, key_view, hash_key, gh_km_index,
                     gh_hash, gh_splitmix64, GH_GOLDEN, GH_MURMUR3, GH_SIPHASH)
 
 from grudge_stream import envelope as _envelope
@@ -376,7 +376,7 @@ cdef object _hashes_of(Hasher* hs, object keys):
         n = len(keys)
         out = np.empty(n, dtype=np.uint64)
         if n:
-            hash_sequence(hs, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
+            hash_items(hs, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
         return out
     if isinstance(keys, (bytes, bytearray, str)):
         raise TypeError("keys must be a sequence of keys or a uint64 array of hashes, "

@@ -9,12 +9,6 @@ from cpython.ref cimport PyObject
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
-    # Borrowed-reference accessors, so batch loops over lists touch no refcounts.
-    PyObject* gh_list_item "PyList_GET_ITEM"(object seq, Py_ssize_t i)
-    PyObject* gh_tuple_item "PyTuple_GET_ITEM"(object seq, Py_ssize_t i)
-    bint gh_bytes_check_exact "PyBytes_CheckExact"(PyObject* o)
-    char* gh_bytes_data "PyBytes_AS_STRING"(PyObject* o)
-    Py_ssize_t gh_bytes_size "PyBytes_GET_SIZE"(PyObject* o)
 
 cdef extern from "ghash.h" nogil:
     uint64_t gh_murmur3_64(const unsigned char* data, size_t length, uint32_t seed32)
@@ -67,29 +61,6 @@ cdef inline uint64_t hash_key(const Hasher* h, object key) except? 0:
     cdef Py_ssize_t n
     key_view(key, &p, &n)
     return gh_hash(h.algo, p, <size_t>n, h.seed32, h.k0, h.k1)
-
-
-cdef inline int hash_sequence(const Hasher* h, object keys, uint64_t* out, Py_ssize_t n) except -1:
-    """Hash n keys of a list or tuple (or any sequence) into out[0..n)."""
-    cdef Py_ssize_t i
-    cdef const unsigned char* p
-    cdef Py_ssize_t size
-    cdef PyObject* item
-    cdef bint is_list = type(keys) is list
-    cdef object seq = keys if (is_list or type(keys) is tuple) else list(keys)
-    is_list = type(seq) is list
-    if len(seq) != n:
-        raise ValueError("key sequence changed length")
-    for i in range(n):
-        # The GIL is held, so the sequence cannot change under the loop.
-        item = gh_list_item(seq, i) if is_list else gh_tuple_item(seq, i)
-        if gh_bytes_check_exact(item):
-            out[i] = gh_hash(h.algo, <const unsigned char*>gh_bytes_data(item),
-                             <size_t>gh_bytes_size(item), h.seed32, h.k0, h.k1)
-        else:
-            key_view(<object>item, &p, &size)
-            out[i] = gh_hash(h.algo, p, <size_t>size, h.seed32, h.k0, h.k1)
-    return 0
 
 
 cdef inline int set_siphash_key(Hasher* h, object key) except -1:
