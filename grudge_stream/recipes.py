@@ -9,12 +9,12 @@ bucket (so a fresh key starts full), and a request of ``cost`` is admitted iff
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Optional
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Mapping, Optional
 
 from grudge_stream.exceptions import ConfigError, InvalidInputError
 from grudge_stream.sketches.score import Linear, ScoreSketch
-from grudge_stream.sketches._validate import config_fields
+from grudge_stream.sketches._validate import ConfigOf
 from grudge_stream.sketches.score_config import ScoreSketchConfig, resolve_seed
 
 __all__ = ["Decision", "TokenBucket", "TokenBucketConfig"]
@@ -51,7 +51,7 @@ def _positive(value: Any, what: str, *, allow_zero: bool = False, allow_inf: boo
 
 
 @dataclass(frozen=True)
-class TokenBucketConfig:
+class TokenBucketConfig(ConfigOf):
     """The validated configuration of a :class:`TokenBucket` (each default lives here).
 
     ``rate_per_s`` (> 0) refills, ``burst`` (> 0) is the capacity, ``reject_penalty``
@@ -59,6 +59,8 @@ class TokenBucketConfig:
     without a penalty, unbounded with one) caps the debt; ``levels``, ``cells_per_level``,
     ``hasher`` and ``seed`` shape the ScoreSketch (``sketch_config``) that holds the debts.
     """
+
+    built: ClassVar[str] = "TokenBucket"
 
     rate_per_s: float
     burst: float
@@ -100,17 +102,7 @@ class TokenBucketConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def kwargs(self) -> dict:
-        """The config as TokenBucket constructor arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    @classmethod
-    def of(cls, conf: Any) -> "TokenBucketConfig":
-        """``conf`` itself, or the config a dict names: an absent field takes its default
-        here, an unknown field is a ConfigError."""
-        if isinstance(conf, cls):
-            return conf
-        return cls(**config_fields(cls, conf, "TokenBucket"))
 
 
 class TokenBucket:

@@ -10,7 +10,7 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from grudge_stream.exceptions import ConfigError
 
@@ -50,3 +50,26 @@ def config_fields(cls: Any, conf: Any, what: str) -> dict:
     if missing:
         raise ConfigError(f"a {what} config needs {missing}")
     return dict(conf)
+
+
+class ConfigOf:
+    """What the frozen config classes share: ``kwargs()`` (the constructor arguments of the
+    sketch they configure) and ``of(conf)`` (``conf`` itself, or the config a dict names:
+    an absent field takes its default, an unknown field is a ConfigError). A class names
+    its sketch in ``built`` and may convert fields of the dict form in ``_from_dict``."""
+
+    __slots__ = ()
+    built: ClassVar[str] = ""
+
+    def kwargs(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, conf: Any) -> Any:
+        if isinstance(conf, cls):
+            return conf
+        return cls(**cls._from_dict(config_fields(cls, conf, cls.built)))
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> dict:
+        return d

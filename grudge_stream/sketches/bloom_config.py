@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import ClassVar, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, config_fields, in_range
+from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, ConfigOf, in_range
 
 __all__ = [
     "BloomConfig",
@@ -96,12 +96,14 @@ def bloom_sizing(capacity: int, fp_rate: float, generations: int = 2) -> BloomSi
 
 
 @dataclass(frozen=True)
-class BloomConfig:
+class BloomConfig(ConfigOf):
     """The full, validated configuration of a :class:`ForgettingBloom`.
 
     ``overload`` (one of :data:`OVERLOAD_MODES`) chooses what gives way when more
     than ``capacity`` new keys arrive within a generation: the window
     (``shrink_window``, the default) or the false-positive rate (``raise_fp``)."""
+
+    built: ClassVar[str] = "ForgettingBloom"
 
     capacity: int
     fp_rate: float
@@ -137,14 +139,4 @@ class BloomConfig:
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items()}
 
-    def kwargs(self) -> dict:
-        """The config as ForgettingBloom constructor arguments."""
-        return asdict(self)
 
-    @classmethod
-    def of(cls, conf: Any) -> "BloomConfig":
-        """``conf`` itself, or the config a dict names: an absent field takes its default
-        here, an unknown field is a ConfigError."""
-        if isinstance(conf, cls):
-            return conf
-        return cls(**config_fields(cls, conf, "ForgettingBloom"))

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import ClassVar, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, config_fields, in_range
+from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, ConfigOf, in_range
 
 __all__ = [
     "CountMinConfig",
@@ -47,8 +47,10 @@ class CountMinParameters(NamedTuple):
 
 
 @dataclass(frozen=True)
-class CountMinConfig:
+class CountMinConfig(ConfigOf):
     """The full, validated configuration of a :class:`DecayingCountMin`."""
+
+    built: ClassVar[str] = "DecayingCountMin"
 
     depth: int = 4
     width: int = 65_536
@@ -87,18 +89,6 @@ class CountMinConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def kwargs(self) -> dict:
-        """The config as DecayingCountMin constructor arguments."""
-        return asdict(self)
-
-    @classmethod
-    def of(cls, conf: Any) -> "CountMinConfig":
-        """``conf`` itself, or the config a dict names: an absent field takes its default
-        here, an unknown field is a ConfigError."""
-        if isinstance(conf, cls):
-            return conf
-        return cls(**config_fields(cls, conf, "DecayingCountMin"))
 
     @property
     def parameters(self) -> CountMinParameters:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, fields
-from typing import Any, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple, Optional
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.sketches._validate import config_fields
+from grudge_stream.sketches._validate import ConfigOf
 
 # The kernel's codes and limits (cyext/_score.pyx defines the same; a test checks they agree).
 DECAY_NONE = 0
@@ -199,12 +199,14 @@ def resolve_seed(seed: Optional[int]) -> int:
 
 
 @dataclass(frozen=True)
-class ScoreSketchConfig:
+class ScoreSketchConfig(ConfigOf):
     """The full, validated identity of a ScoreSketch (what ``sketch.config`` returns).
 
     Two sketches can be merged, and a snapshot restored into the same identity,
     only when their configs (seed included) are equal.
     """
+
+    built: ClassVar[str] = "ScoreSketch"
 
     levels: int
     cells_per_level: int
@@ -258,21 +260,11 @@ class ScoreSketchConfig:
         ):
             object.__setattr__(self, name, value)
 
-    def kwargs(self) -> dict:
-        """The config as ScoreSketch (or SplitScoreSketch) constructor arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
     @classmethod
-    def of(cls, conf: Any) -> "ScoreSketchConfig":
-        """``conf`` itself, or the config a dict names (the form topologies and settings
-        use): ``decay`` in its dict form (``decay_from_dict``), an absent field takes its
-        default here, an unknown field is a ConfigError."""
-        if isinstance(conf, cls):
-            return conf
-        d = config_fields(cls, conf, "ScoreSketch")
-        if "decay" in d:
+    def _from_dict(cls, d: dict) -> dict:
+        if "decay" in d:  # its dict form (decay_from_dict)
             d["decay"] = decay_from_dict(d["decay"])
-        return cls(**d)
+        return d
 
     def memory_bytes_of_cells(self) -> int:
         """Bytes of the cell table: ``16 * levels * cells_per_level``."""
