@@ -15,7 +15,6 @@ from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
 from grudge_stream._cyext._hashing import algorithm_code
 from grudge_stream.envelope import KIND_FORGETTING_BLOOM, pack, unpack
 from grudge_stream.sketches import bloom_config as _bloom_config
-from grudge_stream.sketches._inputs import prepare_times
 
 include "_common.pxi"
 
@@ -643,13 +642,13 @@ cdef class ForgettingBloom(_Sketch):
     # ------------------------------------------------------------------ batch API
 
     cdef tuple _batch(self, keys, now_ms):
-        hashes = _batch_hashes(&self._hasher, self._config, self._scratch, keys)[0]
+        hashes = _batch_hashes(&self._hasher, self._scratch, keys)[0]
         n = hashes.shape[0]
         if self._period_ms == 0:
             if now_ms is not None:
-                prepare_times(now_ms, n)
+                _batch_times(now_ms, n, False)
             return hashes, None, None
-        t0, tarr = prepare_times(now_ms, n)
+        t0, tarr = _batch_times(now_ms, n, False)
         if tarr is None:
             return hashes, (self._now(None) if t0 is None else t0), None
         return hashes, None, tarr

@@ -1,10 +1,12 @@
 # The layer every sketch kernel shares, in one copy: `include "_common.pxi"` (it is
 # text included into _score.pyx, _countmin.pyx and _bloom.pyx, not a module of its
-# own). It holds the clock (the default, the check, reading now_ms), the parsing of
-# one time argument, the reusable hash buffer and key-hashing prelude of a batch,
-# and the sketches' base class (config, hasher, clock, pickle guard). Layout: /work/shared/spec/LAYOUT.md ("_common").
+# own). It holds the batch-argument contract (the key forms in _keys.pxi, the time
+# arguments here), the clock (the default, the check, reading now_ms), the reusable
+# hash buffer and key-hashing prelude of a batch, and the sketches' base class
+# (config, hasher, clock, pickle guard). Layout: /work/shared/spec/LAYOUT.md ("_common").
 cimport cython
-from libc.stdint cimport int64_t, uint64_t, INT64_MIN
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint64_t, INT64_MIN, INT64_MAX
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 from ghash cimport Hasher, set_siphash_key
@@ -12,7 +14,8 @@ from gkeys cimport hash_items, hash_rows
 
 from grudge_stream.clock import SystemClock as _SystemClock, as_ms as _as_ms, default_clock as _default_clock
 from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
-from grudge_stream.sketches._inputs import ROWS as _ROWS, prepare_keys as _prepare_keys
+
+include "_keys.pxi"
 
 cdef extern from "gsketch.h" nogil:
     int64_t gs_wall_ms()
@@ -52,20 +55,17 @@ cdef inline int64_t _time_ms(object v, bint stamped) except? -1:
 
 cdef int64_t _time_ms_checked(object v, bint stamped) except? -1:
     """One timestamp as int64 milliseconds: an int, or what ``grudge_stream.clock.as_ms``
-    takes (a float is truncated; bool, NaN and Inf are refused), within the int64 range.
-
-    A bad value raises InvalidInputError. With ``stamped`` (the score kernels, whose cells
-    use -2**63 as their never-stamped mark) -2**63 is refused too, and a value of the
-    wrong type keeps the TypeError ``as_ms`` raises."""
+    takes (a float is truncated; NaN and Inf raise InvalidInputError; bool and other
+    types raise TypeError), within the int64 range (else InvalidInputError). With
+    ``stamped`` (the score kernels, whose cells use -2**63 as their never-stamped mark)
+    -2**63 is refused too."""
     cdef int64_t out
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v.item()
     if type(v) is not int:
         try:
             v = _as_ms(v)
         except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
-        except TypeError as exc:
-            if stamped:
-                raise
             raise InvalidInputError(str(exc)) from None
     try:
         out = v
@@ -74,6 +74,77 @@ cdef int64_t _time_ms_checked(object v, bint stamped) except? -1:
     if stamped and out == INT64_MIN:
         raise InvalidInputError("now_ms must be > -2**63 (that value marks a never-stamped cell)")
     return out
+
+
+cdef object _length_error(str what, Py_ssize_t n, object shape):
+    return InvalidInputError(f"{what} must be a scalar or a 1-D array of the batch's length {n}, "
+                             f"got shape {shape}")
+
+
+cdef tuple _batch_times(object now_ms, Py_ssize_t n, bint stamped):
+    """A batch's ``now_ms``: ``(None, None)`` for None (the caller reads its clock),
+    ``(t, None)`` for one time (read as ``_time_ms``), or ``(None, int64 array)`` for
+    one time per event, each element read as one time would be: integers within int64,
+    floats truncated (NaN and Inf refused), Python objects one by one; bool refused."""
+    if now_ms is None:
+        return None, None
+    if type(now_ms) is int:
+        return _time_ms(now_ms, stamped), None
+    if isinstance(now_ms, np.ndarray):
+        if now_ms.ndim == 0:
+            return _time_ms(now_ms, stamped), None
+        arr = now_ms
+    elif not isinstance(now_ms, (list, tuple)) and np.ndim(now_ms) == 0:
+        return _time_ms(now_ms, stamped), None
+    else:
+        arr = np.asarray(now_ms)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise _length_error("now_ms", n, arr.shape)
+    cdef str kind = arr.dtype.kind
+    cdef Py_ssize_t i
+    cdef int64_t[::1] tv
+    cdef const uint64_t* up
+    cdef const int64_t* ip
+    cdef bint bad = False
+    if kind == "i":
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
+    elif kind == "u":
+        arr = np.ascontiguousarray(arr, dtype=np.uint64)
+        up = <const uint64_t*>cnp.PyArray_DATA(arr)
+        with nogil:
+            for i in range(n):
+                if up[i] > <uint64_t>INT64_MAX:
+                    bad = True
+                    break
+        if bad:
+            raise InvalidInputError("now_ms values must fit in a signed 64-bit integer")
+        arr = arr.view(np.int64)
+    elif kind == "f":
+        if n and not np.isfinite(arr).all():
+            raise InvalidInputError("now_ms must be finite (found NaN or Inf)")
+        if n and (arr.min() < -2.0**63 or arr.max() >= 2.0**63):
+            raise InvalidInputError("now_ms values must fit in a signed 64-bit integer")
+        arr = np.trunc(arr).astype(np.int64)
+    elif kind == "O":
+        out = np.empty(n, dtype=np.int64)
+        tv = out
+        for i in range(n):
+            tv[i] = _time_ms(arr[i], stamped)
+        return None, out
+    elif kind == "b":
+        raise TypeError("now_ms must be integer milliseconds, not bool")
+    else:
+        raise TypeError(f"now_ms must be integer milliseconds, not {arr.dtype}")
+    if stamped:
+        ip = <const int64_t*>cnp.PyArray_DATA(arr)
+        with nogil:
+            for i in range(n):
+                if ip[i] == INT64_MIN:
+                    bad = True
+                    break
+        if bad:
+            raise InvalidInputError("now_ms must be > -2**63 (that value marks a never-stamped cell)")
+    return None, arr
 
 
 cdef inline int64_t _clock_now(object now_ms, object clock, bint wall, bint stamped) except? -1:
@@ -104,20 +175,23 @@ cdef class _Scratch:
         return self.buf[:n]
 
 
-cdef tuple _batch_hashes(const Hasher* hasher, object cfg, _Scratch scratch, object keys):
-    """``(hashes, source, kind)`` of a batch's keys (``sketches._inputs.prepare_keys``
-    decides the form); a list or tuple of keys, or the rows of a 2-D uint8 array, are hashed
-    here into ``scratch`` with the sketch's hasher (its secret key included)."""
+cdef tuple _batch_hashes(const Hasher* hasher, _Scratch scratch, object keys):
+    """``(hashes, source, kind)`` of a batch's keys (``_key_form`` in _keys.pxi decides the
+    form): pre-hashed keys are used as they are; a list of keys, or the rows of a 2-D uint8
+    array, are hashed here with the sketch's hasher (its secret key included) into
+    ``scratch``, or into a new array when ``scratch`` is None."""
     cdef uint64_t[::1] hv
-    hashes, source, kind = _prepare_keys(keys)
-    if hashes is None:
-        hashes = scratch.take(len(source))
-        hv = hashes
-        if hv.shape[0]:
-            if kind == _ROWS:
-                hash_rows(hasher, source, &hv[0])
-            else:
-                hash_items(hasher, source, &hv[0], hv.shape[0])
+    kind, source = _key_form(keys)
+    if kind == KEYS_HASHED:
+        return source, None, kind
+    n = source.shape[0] if kind == KEYS_ROWS else len(source)
+    hashes = np.empty(n, dtype=np.uint64) if scratch is None else scratch.take(n)
+    hv = hashes
+    if n:
+        if kind == KEYS_ROWS:
+            hash_rows(hasher, source, &hv[0])
+        else:
+            hash_items(hasher, source, &hv[0], n)
     return hashes, source, kind
 
 

@@ -8,14 +8,16 @@ from libc.string cimport memset
 from cpython.long cimport PyLong_CheckExact
 cimport numpy as cnp
 import numpy as np
+import math
 import struct
+
+U64_MAX = (1 << 64) - 1
 
 from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
 
 from grudge_stream._cyext._hashing import algorithm_code
 from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
 from grudge_stream.sketches import countmin_config as _countmin_config
-from grudge_stream.sketches._inputs import count_value, prepare_counts, prepare_times
 
 include "_common.pxi"
 include "_topk.pxi"
@@ -41,6 +43,56 @@ cdef enum:
 cdef object _config_module():
     """The pure-Python config module (it never imports this kernel)."""
     return _countmin_config
+
+
+# ---- count-min's own batch values (keys: _keys.pxi, times: _common.pxi) ------------
+
+cdef object _count_value(object count, str what="count"):
+    """One non-negative integer weight as a Python int (integral floats accepted; bool,
+    NaN, Inf, negative and fractional values raise InvalidInputError)."""
+    if isinstance(count, bool):
+        raise InvalidInputError(f"{what} must be a non-negative integer, not bool")
+    if isinstance(count, (float, np.floating)):
+        if not math.isfinite(count) or count != math.floor(count):
+            raise InvalidInputError(f"{what} must be a non-negative integer, got {count!r}")
+        count = int(count)
+    try:
+        v = int(count.__index__())
+    except (AttributeError, TypeError):
+        raise InvalidInputError(
+            f"{what} must be a non-negative integer, not {type(count).__name__}") from None
+    if v < 0:
+        raise InvalidInputError(f"{what} must be non-negative, got {v}")
+    return v
+
+
+cdef tuple _batch_counts(object counts, Py_ssize_t n):
+    """``(w, None)`` for None (1 each) or one weight, or ``(0, uint64 array)`` for one
+    weight per event; weights above 2**64-1 saturate there (the cells saturate anyway)."""
+    if counts is None:
+        return 1, None
+    if np.ndim(counts) == 0 and not isinstance(counts, (list, tuple)):
+        return min(_count_value(counts.item() if isinstance(counts, np.ndarray) else counts),
+                   U64_MAX), None
+    arr = np.asarray(counts)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise _length_error("counts", n, arr.shape)
+    kind = arr.dtype.kind
+    if kind == "u":
+        return 0, np.ascontiguousarray(arr, dtype=np.uint64)
+    if kind == "i":
+        if n and arr.min() < 0:
+            raise InvalidInputError(f"counts must be non-negative, got {int(arr.min())}")
+        return 0, np.ascontiguousarray(arr.astype(np.uint64))
+    if kind == "f":
+        if n and not np.isfinite(arr).all():
+            raise InvalidInputError("counts must be finite (found NaN or Inf)")
+        if n and (arr.min() < 0 or (arr != np.floor(arr)).any()):
+            raise InvalidInputError("counts must be non-negative integers")
+        return 0, np.minimum(arr, float(U64_MAX)).astype(np.uint64)
+    if kind == "O":
+        return 0, np.array([min(_count_value(c), U64_MAX) for c in arr], dtype=np.uint64)
+    raise InvalidInputError(f"counts must be non-negative integers, got dtype {arr.dtype}")
 
 
 cdef inline uint32_t _decayed(uint32_t cell, uint32_t emod, int cbits, uint32_t cmask,
@@ -580,7 +632,7 @@ cdef class DecayingCountMin(_Sketch):
             c = count
             w = <uint64_t>c
         else:
-            w = min(count_value(count), self._cmask)
+            w = min(_count_value(count), self._cmask)
         h = hash_key(&self._hasher, key)
         self._advance_to_time(now_ms)
         est = self._bump(h, w)
@@ -599,7 +651,7 @@ cdef class DecayingCountMin(_Sketch):
     # ------------------------------------------------------------------ batch API
 
     cdef inline tuple _hashes(self, keys):
-        return _batch_hashes(&self._hasher, self._config, self._scratch, keys)
+        return _batch_hashes(&self._hasher, self._scratch, keys)
 
     def increment_many(self, keys, counts=None, now_ms=None):
         """Batch twin of :meth:`increment`: the same single increments, in order.
@@ -612,7 +664,7 @@ cdef class DecayingCountMin(_Sketch):
         """
         hashes, source, kind = self._hashes(keys)
         cdef Py_ssize_t n = hashes.shape[0]
-        w0, warr = prepare_counts(counts, n)
+        w0, warr = _batch_counts(counts, n)
         cdef const uint64_t[::1] hv = hashes
         cdef const uint64_t[::1] wv
         cdef const int64_t[::1] tv
@@ -624,7 +676,7 @@ cdef class DecayingCountMin(_Sketch):
             if n:
                 wp = &wv[0]
         if self._epoch_ms != 0:
-            t0, tarr = prepare_times(now_ms, n)
+            t0, tarr = _batch_times(now_ms, n, False)
             if tarr is not None:
                 tv = tarr
                 if n:
@@ -632,7 +684,7 @@ cdef class DecayingCountMin(_Sketch):
             else:
                 self._advance_to_time(t0)
         elif now_ms is not None:
-            prepare_times(now_ms, n)   # validated, then ignored (manual epochs)
+            _batch_times(now_ms, n, False)   # validated, then ignored (manual epochs)
         if n == 0:
             return 0
         # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
@@ -661,7 +713,7 @@ cdef class DecayingCountMin(_Sketch):
             raise InvalidInputError(f"out must be a 1-D int64 numpy array of length {n}")
         cdef int64_t[::1] ov = out
         if self._epoch_ms != 0:
-            t0, tarr = prepare_times(now_ms, n)
+            t0, tarr = _batch_times(now_ms, n, False)
             if tarr is not None:
                 tv = tarr
                 if n:
@@ -669,7 +721,7 @@ cdef class DecayingCountMin(_Sketch):
             else:
                 q0 = self._query_epoch(t0)
         elif now_ms is not None:
-            prepare_times(now_ms, n)
+            _batch_times(now_ms, n, False)
         if n == 0:
             return out
         # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").

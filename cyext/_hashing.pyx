@@ -11,6 +11,8 @@ from ghash cimport (Hasher, make_hasher, key_view, hash_key,
 
 from gkeys cimport hash_items, hash_rows
 
+include "_keys.pxi"
+
 cnp.import_array()
 gh_crc32c_init()
 
@@ -40,30 +42,23 @@ def hash64(key, uint64_t seed=0, algorithm="murmur3"):
 def hash64_many(keys, uint64_t seed=0, algorithm="murmur3"):
     """Hash many keys into a new ``numpy.uint64`` array.
 
-    ``keys`` is a list or tuple (or any iterable) of bytes/str, or a 2-D
-    C-contiguous uint8 buffer whose rows are fixed-width keys.
+    ``keys`` is a list or tuple (or any iterable, or an object array) of bytes/str, or
+    a 2-D uint8 array whose rows are fixed-width keys: the key forms of the sketches'
+    batch API (``_key_form``, docs/hashing.md "Batch arguments"), minus pre-hashed keys.
     """
     cdef Hasher h = make_hasher(algorithm_code(algorithm), seed)
-    cdef const uint8_t[:, ::1] rows
     cdef Py_ssize_t n
     cdef cnp.ndarray[cnp.uint64_t, ndim=1] out
-    if isinstance(keys, (list, tuple)):
-        n = len(keys)
-        out = np.empty(n, dtype=np.uint64)
-        hash_items(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
-        return out
-    if isinstance(keys, (bytes, str, bytearray)):
-        raise TypeError("hash64_many takes a sequence of keys; use hash64 for one key")
-    try:
-        rows = keys
-    except (TypeError, ValueError):
-        keys = list(keys)
-        n = len(keys)
-        out = np.empty(n, dtype=np.uint64)
-        hash_items(&h, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
-        return out
-    out = np.empty(rows.shape[0], dtype=np.uint64)
-    hash_rows(&h, rows, <uint64_t*>cnp.PyArray_DATA(out))
+    kind, source = _key_form(keys)
+    if kind == KEYS_HASHED:
+        raise TypeError("hash64_many takes keys, and this uint64 array already holds hashes")
+    n = source.shape[0] if kind == KEYS_ROWS else len(source)
+    out = np.empty(n, dtype=np.uint64)
+    if n:
+        if kind == KEYS_ROWS:
+            hash_rows(&h, source, <uint64_t*>cnp.PyArray_DATA(out))
+        else:
+            hash_items(&h, source, <uint64_t*>cnp.PyArray_DATA(out), n)
     return out
 
 

@@ -353,105 +353,45 @@ def _lock_cost(Py_ssize_t n=1_000_000):
 
 # ---- argument handling (all before any cell is touched) ----------------------------
 
-cdef inline int64_t _time_arg(object v) except? -1:
-    """int milliseconds in (-2**63, 2**63); INT64_MIN is the 'never stamped' sentinel."""
-    return _time_ms(v, True)
-
-
 cdef inline int _check_delta(double d, str what) except -1:
     if not isfinite(d):
         raise InvalidInputError(f"{what} must be finite, got {d!r}")
     return 0
 
 
-cdef object _hashes_of(Hasher* hs, object keys):
-    """The keys' 64-bit hashes as a C-contiguous uint64 array. A 1-D uint64 buffer is
-    taken as already hashed (with this sketch's hasher and seed); a 2-D uint8 buffer
-    holds one fixed-width key per row; any other sequence holds bytes/str keys."""
-    cdef Py_ssize_t n, i, width
-    cdef cnp.ndarray out
-    cdef const uint8_t[:, ::1] rows
-    cdef uint64_t* o
-    if isinstance(keys, (list, tuple)):
-        n = len(keys)
-        out = np.empty(n, dtype=np.uint64)
-        if n:
-            hash_items(hs, keys, <uint64_t*>cnp.PyArray_DATA(out), n)
-        return out
-    if isinstance(keys, (bytes, bytearray, str)):
-        raise TypeError("keys must be a sequence of keys or a uint64 array of hashes, "
-                        "not a single bytes/str key")
-    try:
-        memoryview(keys)
-        is_buffer = True
-    except TypeError:
-        is_buffer = False
-    if not is_buffer:
-        return _hashes_of(hs, list(keys))
-    arr = np.asarray(keys)
-    if arr.ndim == 1 and arr.dtype.kind == "u" and arr.dtype.itemsize == 8:
-        return np.ascontiguousarray(arr, dtype=np.uint64)
-    if arr.ndim == 2 and arr.dtype == np.uint8:
-        rows = np.ascontiguousarray(arr)
-        n = rows.shape[0]
-        width = rows.shape[1]
-        out = np.empty(n, dtype=np.uint64)
-        hash_rows(hs, rows, <uint64_t*>cnp.PyArray_DATA(out))
-        return out
-    if arr.ndim == 1 and arr.dtype.kind == "O":
-        return _hashes_of(hs, arr.tolist())
-    raise TypeError(
-        f"a key array must hold uint64 hashes (1-D) or fixed-width keys as uint8 rows (2-D), "
-        f"not {arr.dtype} with {arr.ndim} dimension(s); for signed hashes use .view(np.uint64)")
-
-
 cdef tuple _f64_arg(object x, Py_ssize_t n, str what):
-    """(float64 array, step): a scalar is one element with step 0. All finite."""
-    cdef const double[::1] v
+    """``(None, v)`` for one value (a Python or numpy real scalar), or ``(float64 array,
+    0.0)`` for one value per event (any real dtype, the batch's length). All finite."""
+    cdef double v
+    cdef const double* p
     cdef Py_ssize_t i, m
+    if type(x) is float or type(x) is int:
+        try:
+            v = x
+        except OverflowError:
+            raise InvalidInputError(f"{what} must be finite, got {x!r}") from None
+        if not isfinite(v):
+            raise InvalidInputError(f"{what} must be finite, got {x!r}")
+        return None, v
     arr = np.asarray(x)
     if arr.dtype.kind not in "iuf":
         raise TypeError(f"{what} must be real numbers, not {arr.dtype}")
     if arr.ndim == 0:
-        arr = np.array([arr], dtype=np.float64)   # (ascontiguousarray would make it 1-D)
-        step = 0
-    elif arr.ndim != 1 or arr.shape[0] != n:
-        raise InvalidInputError(f"{what} must be a scalar or have the batch's length {n}, "
-                                f"got shape {arr.shape}")
-    else:
-        arr = np.ascontiguousarray(arr, dtype=np.float64)
-        step = 1
+        return _f64_arg(float(arr), n, what)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise _length_error(what, n, arr.shape)
+    arr = np.ascontiguousarray(arr, dtype=np.float64)
     cdef Py_ssize_t bad = -1
-    v = arr
-    m = v.shape[0]
+    p = <const double*>cnp.PyArray_DATA(arr)
+    m = arr.shape[0]
     with nogil:
         for i in range(m):
-            if not isfinite(v[i]):
+            if not isfinite(p[i]):
                 bad = i
                 break
     if bad >= 0:
-        raise InvalidInputError(f"{what} must be finite; element {bad} is {v[bad]!r}")
-    return arr, step
-
-
-cdef tuple _time_arr(object x, Py_ssize_t n):
-    """(int64 array, step) of timestamps; a scalar is one element with step 0."""
-    if x is None or isinstance(x, int):
-        return np.array([_time_arg(x)], dtype=np.int64), 0
-    arr = np.asarray(x)
-    if arr.ndim == 0:
-        return np.array([_time_arg(x)], dtype=np.int64), 0
-    if arr.dtype.kind not in "iu" and arr.size:
-        raise TypeError(f"now_ms must be integer milliseconds, not {arr.dtype}")
-    if arr.ndim != 1 or arr.shape[0] != n:
-        raise InvalidInputError(f"now_ms must be a scalar or have the batch's length {n}, "
-                                f"got shape {arr.shape}")
-    if n and arr.dtype.kind == "u" and arr.max() > INT64_MAX:
-        raise InvalidInputError("now_ms values must fit in int64")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
-    if n and arr.min() == INT64_MIN:
-        raise InvalidInputError("now_ms must be > -2**63 (that value marks a never-stamped cell)")
-    return arr, 1
+        raise InvalidInputError(f"{what} must be finite; element {bad} is {p[bad]!r}")
+    return arr, 0.0
 
 
 cdef int _setup_core(Core* c, object cfg) except -1:
@@ -508,10 +448,13 @@ cdef object _watermark_from(object header, str what):
 
 cdef class BatchArgs:
     """A batch call's validated arguments (keys hashed, deltas and limits finite, times
-    int64; a scalar is one element with step 0) and its result array, with raw pointers
-    for the nogil loops. All arguments are checked before any cell is touched."""
+    int64) and its result array, with raw pointers for the nogil loops: a value given
+    once is held here and read with step 0, one per event from its array with step 1.
+    All arguments are checked before any cell is touched."""
     cdef object hashes, darr, larr, tarr, res
     cdef Py_ssize_t n, ds, ls, ts
+    cdef double d0, l0
+    cdef int64_t t0
     cdef const uint64_t* hs
     cdef const double* dv
     cdef const double* lv
@@ -528,17 +471,28 @@ cdef class BatchArgs:
 
 
 cdef BatchArgs _batch_args(Hasher* hasher, keys, deltas, limits, now_ms, int out):
-    """``out``: 0 no result, 1 float64 scores, 2 bool admissions."""
+    """``out``: 0 no result, 1 float64 scores, 2 bool admissions. ``now_ms`` is never
+    None here (the driver reads the clock first)."""
     cdef BatchArgs a = BatchArgs.__new__(BatchArgs)
-    cdef const uint64_t[::1] hv
-    cdef const double[::1] dv
-    cdef const double[::1] lv
-    cdef const int64_t[::1] tv
-    a.hashes = _hashes_of(hasher, keys)
+    a.hashes = _batch_hashes(hasher, None, keys)[0]
     a.n = a.hashes.shape[0]
-    a.darr, a.ds = _f64_arg(deltas, a.n, "deltas")
-    a.larr, a.ls = _f64_arg(limits, a.n, "limit")
-    a.tarr, a.ts = _time_arr(now_ms, a.n)
+    a.hs = <const uint64_t*>cnp.PyArray_DATA(a.hashes)
+    a.darr, a.d0 = _f64_arg(deltas, a.n, "deltas")
+    a.larr, a.l0 = _f64_arg(limits, a.n, "limit")
+    t0, a.tarr = _batch_times(now_ms, a.n, True)
+    if a.darr is None:
+        a.dv, a.ds = &a.d0, 0
+    else:
+        a.dv, a.ds = <const double*>cnp.PyArray_DATA(a.darr), 1
+    if a.larr is None:
+        a.lv, a.ls = &a.l0, 0
+    else:
+        a.lv, a.ls = <const double*>cnp.PyArray_DATA(a.larr), 1
+    if a.tarr is None:
+        a.t0 = t0
+        a.tv, a.ts = &a.t0, 0
+    else:
+        a.tv, a.ts = <const int64_t*>cnp.PyArray_DATA(a.tarr), 1
     a.res = None
     if out == 1:
         a.res = np.empty(a.n, dtype=np.float64)
@@ -546,15 +500,6 @@ cdef BatchArgs _batch_args(Hasher* hasher, keys, deltas, limits, now_ms, int out
     elif out == 2:
         a.res = np.empty(a.n, dtype=np.bool_)
         a.outb = <uint8_t*>cnp.PyArray_DATA(a.res)
-    if a.n:
-        hv = a.hashes
-        dv = a.darr
-        lv = a.larr
-        tv = a.tarr
-        a.hs = &hv[0]
-        a.dv = &dv[0]
-        a.lv = &lv[0]
-        a.tv = &tv[0]
     return a
 
 
@@ -615,7 +560,7 @@ cdef class _ScoreKernel(_Sketch):
 
     def key_hashes(self, keys):
         """``key_hash`` of every key, as a uint64 array."""
-        return _hashes_of(&self._hasher, keys)
+        return _batch_hashes(&self._hasher, None, keys)[0]
 
     # -- the batch driver -------------------------------------------------------------
 
@@ -822,7 +767,7 @@ cdef class ScoreSketch(_ScoreKernel):
         cdef uint32_t idx[MAXL]
         cdef double lv[MAXL]
         cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = _time_arg(now_ms)
+        cdef int64_t now = _time_ms(now_ms, True)
         cdef double r
         cdef uint32_t i
         k_index(&self._core, self._table, h, idx)

@@ -7,14 +7,23 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 
-from grudge_stream.sketches._inputs import key_at as _key_at
-
 cdef extern from "gsketch.h" nogil:
     void* gs_alloc_zeroed(size_t n)
 
 cdef enum:
     NOT_DIRTY = -2      # slot key source: untouched in this batch
     SRC_NONE = -1       # slot key source: pre-hashed key (no key object)
+
+
+cdef object _key_at(object source, int kind, Py_ssize_t i):
+    """The key object to keep for batch position ``i`` (bytes for a row or a bytearray;
+    None for a pre-hashed key; the kinds: _keys.pxi)."""
+    if kind == KEYS_LIST:
+        k = source[i]
+        return bytes(k) if isinstance(k, bytearray) else k
+    if kind == KEYS_ROWS:
+        return source[i].tobytes()
+    return None
 
 
 @cython.final

@@ -8,8 +8,8 @@ from grudge_stream.clock import Clock
 from grudge_stream.sketches.bloom import BloomConfig
 
 Key = Union[bytes, bytearray, str]
-Keys = Union[Sequence[Key], Iterable[Key], npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.uint8]]
-Times = Union[None, int, npt.ArrayLike]
+Keys = Union[Sequence[Key], Iterable[Key], npt.NDArray[np.uint64], npt.NDArray[np.uint8], npt.NDArray[np.object_]]  # docs/hashing.md "Batch arguments"
+Times = Union[None, int, float, npt.ArrayLike]
 
 class ForgettingBloom:
     def __init__(

@@ -8,9 +8,9 @@ from grudge_stream.clock import Clock
 from grudge_stream.sketches.countmin import CountMinConfig, CountMinParameters
 
 Key = Union[bytes, bytearray, str]
-Keys = Union[Sequence[Key], Iterable[Key], npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.uint8]]
+Keys = Union[Sequence[Key], Iterable[Key], npt.NDArray[np.uint64], npt.NDArray[np.uint8], npt.NDArray[np.object_]]  # docs/hashing.md "Batch arguments"
 Counts = Union[None, int, float, npt.ArrayLike]
-Times = Union[None, int, npt.ArrayLike]
+Times = Union[None, int, float, npt.ArrayLike]
 
 class DecayingCountMin:
     def __init__(

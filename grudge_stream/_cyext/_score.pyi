@@ -1,4 +1,5 @@
 """Type stubs for the compiled ScoreSketch / Rotator kernel (see grudge_stream.sketches.score)."""
+from collections.abc import Iterable
 from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -11,9 +12,9 @@ MAX_LEVELS: int
 MAX_GENERATIONS: int
 
 Key = Union[bytes, bytearray, str]
-Keys = Union[Sequence[Key], npt.NDArray[np.uint64], npt.NDArray[np.uint8], Any]
+Keys = Union[Sequence[Key], Iterable[Key], npt.NDArray[np.uint64], npt.NDArray[np.uint8], npt.NDArray[np.object_]]  # docs/hashing.md "Batch arguments"
 Scalars = Union[float, int, npt.ArrayLike]
-Times = Union[int, npt.ArrayLike, None]
+Times = Union[None, int, float, npt.ArrayLike]
 
 class QueryDetail(NamedTuple):
     aggregate: float

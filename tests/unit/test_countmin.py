@@ -521,7 +521,11 @@ def test_batch_forms_agree() -> None:
     c.increment_many(np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(1000, 8))
     d.increment_many(iter(keys))
     assert a.to_bytes() == b.to_bytes() == c.to_bytes() == d.to_bytes()
-    assert a.query_many(hash64_many(keys, 77, "siphash").view(np.int64)).tolist() == [1] * 1000
+    assert a.query_many(hash64_many(keys, 77, "siphash")).tolist() == [1] * 1000
+    before = a.to_bytes()
+    with pytest.raises(TypeError, match="view"):  # signed: ids, not hashes (docs/hashing.md)
+        a.increment_many(hash64_many(keys, 77, "siphash").view(np.int64))
+    assert a.to_bytes() == before
     with pytest.raises(TypeError):
         a.increment_many(b"single")
     with pytest.raises(TypeError):

@@ -342,7 +342,9 @@ def test_bad_batch_inputs_touch_nothing() -> None:
         (TypeError, lambda: s.update_many(np.array([b"ab", b"cd"]), 1.0, now_ms=10)),
         (InvalidInputError, lambda: s.update_many([b"a", b"b"], [1.0], now_ms=10)),
         (InvalidInputError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[1, 2, 3])),
-        (TypeError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[1.5, 2.0])),
+        (TypeError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[True, False])),
+        (TypeError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=["1", "2"])),
+        (InvalidInputError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[1.0, math.nan])),
         (InvalidInputError, lambda: s.update_many([b"a", b"b"], 1.0, now_ms=[1, -(2**63)])),
         (
             InvalidInputError,
