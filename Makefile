@@ -62,7 +62,7 @@ example: install
 	cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/examples/gateway/drive.py"
 
 # Sketch benchmarks (no broker); the runtime ones need Kafka: `make bench-kafka`.
-SKETCH_BENCHES := bench_hash bench_score bench_countmin bench_bloom
+SKETCH_BENCHES := bench_hash bench_score bench_countmin bench_bloom bench_small_batches
 KAFKA_BENCHES  := bench_checkpoint bench_alert_latency bench_faust bench_faust_memory bench_batch bench_rss bench_query
 BENCH_BROKER   := $(CURDIR)/.cache/kafka/bench
 bench: install

@@ -1,12 +1,14 @@
 """Hash throughput: per-key calls from Python and batch hashing of 1M 16-byte keys.
 
 Run: .venv/bin/python benchmarks/bench_hash.py [--runs 5]
-Prints ns/key medians for grudge_stream.hashing beside mmh3.hash64 in the same run.
+Prints ns/key medians for grudge_stream.hashing beside mmh3.hash64 in the same run, and
+hash64_many over 200k keys shuffled in memory (as a stream's key objects are).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 
 import mmh3
@@ -55,6 +57,12 @@ def main() -> None:
         t, _ = median_time(lambda: hash64_many(keys, 42, algo), args.runs)
         res[f"hash64_many_{algo}_Mkeys_per_s"] = n / t / 1e6
         res[f"hash64_many_{algo}_ns_per_key"] = t / n * 1e9
+    # A stream's keys: objects scattered in memory, in no order of allocation (the list
+    # above holds slices made one after another, so its objects sit in address order).
+    scattered = [b"user-%08d" % i for i in range(m)]
+    random.Random(3).shuffle(scattered)
+    t, _ = median_time(lambda: hash64_many(scattered, 42), args.runs)
+    res["hash64_many_murmur3_scattered_ns_per_key"] = t / m * 1e9
 
     print(f"{'metric':40s} {'median':>10s}")
     for k, v in res.items():
