@@ -10,7 +10,6 @@ from libc.stdint cimport int64_t, uint64_t, INT64_MIN, INT64_MAX
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 from ghash cimport Hasher, set_siphash_key
-from gkeys cimport hash_items, hash_rows
 
 from grudge_stream.clock import SystemClock as _SystemClock, as_ms as _as_ms, default_clock as _default_clock
 from grudge_stream.exceptions import ConfigError, InvalidInputError, MismatchError, SnapshotError
@@ -180,18 +179,12 @@ cdef tuple _batch_hashes(const Hasher* hasher, _Scratch scratch, object keys):
     form): pre-hashed keys are used as they are; a list of keys, or the rows of a 2-D uint8
     array, are hashed here with the sketch's hasher (its secret key included) into
     ``scratch``, or into a new array when ``scratch`` is None."""
-    cdef uint64_t[::1] hv
     kind, source = _key_form(keys)
     if kind == KEYS_HASHED:
         return source, None, kind
-    n = source.shape[0] if kind == KEYS_ROWS else len(source)
+    cdef Py_ssize_t n = _form_size(kind, source)
     hashes = np.empty(n, dtype=np.uint64) if scratch is None else scratch.take(n)
-    hv = hashes
-    if n:
-        if kind == KEYS_ROWS:
-            hash_rows(hasher, source, &hv[0])
-        else:
-            hash_items(hasher, source, &hv[0], n)
+    _hash_form(hasher, kind, source, <uint64_t*>cnp.PyArray_DATA(hashes), n)
     return hashes, source, kind
 
 

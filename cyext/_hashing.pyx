@@ -9,8 +9,6 @@ from ghash cimport (Hasher, make_hasher, key_view, hash_key,
                     gh_murmur3_64, gh_siphash24, gh_splitmix64, gh_km_index,
                     gh_hash, gh_crc32c_init, gh_crc32c, GH_MURMUR3, GH_SIPHASH)
 
-from gkeys cimport hash_items, hash_rows
-
 include "_keys.pxi"
 
 cnp.import_array()
@@ -47,18 +45,12 @@ def hash64_many(keys, uint64_t seed=0, algorithm="murmur3"):
     batch API (``_key_form``, docs/hashing.md "Batch arguments"), minus pre-hashed keys.
     """
     cdef Hasher h = make_hasher(algorithm_code(algorithm), seed)
-    cdef Py_ssize_t n
-    cdef cnp.ndarray[cnp.uint64_t, ndim=1] out
     kind, source = _key_form(keys)
     if kind == KEYS_HASHED:
         raise TypeError("hash64_many takes keys, and this uint64 array already holds hashes")
-    n = source.shape[0] if kind == KEYS_ROWS else len(source)
+    cdef Py_ssize_t n = _form_size(kind, source)
     out = np.empty(n, dtype=np.uint64)
-    if n:
-        if kind == KEYS_ROWS:
-            hash_rows(&h, source, <uint64_t*>cnp.PyArray_DATA(out))
-        else:
-            hash_items(&h, source, <uint64_t*>cnp.PyArray_DATA(out), n)
+    _hash_form(&h, kind, source, <uint64_t*>cnp.PyArray_DATA(out), n)
     return out
 
 

@@ -2,6 +2,10 @@
 # every sketch kernel) and by _hashing.pyx (hash64_many). The time arguments are read
 # in _common.pxi; the values of one family (the score kernels' deltas and limits,
 # count-min's counts) by that family's kernel. docs/hashing.md, "Batch arguments".
+from libc.stdint cimport uint64_t
+
+from ghash cimport Hasher
+from gkeys cimport hash_items, hash_rows
 
 cdef enum:
     KEYS_HASHED = 0     # a 1-D uint64 array of key hashes, used as they are
@@ -58,3 +62,19 @@ cdef inline bint _has_buffer(object x):
     except TypeError:
         return False
     return True
+
+
+cdef inline Py_ssize_t _form_size(int kind, object source):
+    """How many keys a ``_key_form`` source holds."""
+    return source.shape[0] if kind == KEYS_ROWS else len(source)
+
+
+cdef int _hash_form(const Hasher* h, int kind, object source, uint64_t* out, Py_ssize_t n) except -1:
+    """Hash the ``n`` keys of a ``KEYS_LIST`` or ``KEYS_ROWS`` source into ``out`` with
+    ``h`` (its algorithm, seed and secret key): ``gkeys.hash_items`` or ``hash_rows``."""
+    if n:
+        if kind == KEYS_ROWS:
+            hash_rows(h, source, out)
+        else:
+            hash_items(h, source, out, n)
+    return 0

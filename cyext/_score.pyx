@@ -474,6 +474,8 @@ cdef BatchArgs _batch_args(Hasher* hasher, keys, deltas, limits, now_ms, int out
     """``out``: 0 no result, 1 float64 scores, 2 bool admissions. ``now_ms`` is never
     None here (the driver reads the clock first)."""
     cdef BatchArgs a = BatchArgs.__new__(BatchArgs)
+    # New hashes, not a reused buffer: the loop runs without the GIL, so another thread's
+    # call could rewrite a shared one under it.
     a.hashes = _batch_hashes(hasher, None, keys)[0]
     a.n = a.hashes.shape[0]
     a.hs = <const uint64_t*>cnp.PyArray_DATA(a.hashes)
