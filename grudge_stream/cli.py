@@ -353,7 +353,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             settings.overrides["seed"] = "0" * 32  # only the web settings are read: no sketch is built
         load_topology(args.topology, settings)
         host = setting(settings, "web_host")
-        url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{settings.get('web_port', 6066)}"
+        url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{setting(settings, 'web_port')}"
     body = json.dumps({"keys": args.keys}).encode()
     req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})

@@ -480,8 +480,17 @@ def client_config(settings, bootstrap_servers: str | None = None) -> dict[str, A
 
 
 # librdkafka's own limit on a produced message, a little above the broker's default record
-# batch limit (1 MiB + overhead): what the snapshot chunks and the outputs are sized against.
+# batch limit (1 MiB + overhead): what the snapshot chunks are sized against (and the
+# snapshot topic's max.message.bytes).
 PRODUCER_MAX_MESSAGE_BYTES = 1024 * 1024 + 4096
+
+# Lower the consumer's idle backoff between fetches (default 1000 ms): with it the
+# batched consume() reads several times faster. The prefetch is bounded: with 64 MiB fetches
+# of 8 MiB per partition and 200,000 queued records per partition, a worker with a backlog
+# peaked at ~870 MiB RSS (against ~360 MiB with these) and was no faster (1.11 M events/s
+# either way, 3 M events over 8 partitions; benchmarks/peers, "Peak RSS").
+FAST_CONSUMER = {"fetch.queue.backoff.ms": 1, "queued.min.messages": 20_000,
+                 "fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 1024 * 1024}
 
 
 def producer_config(client_config: Mapping[str, Any], *, bootstrap_servers: str | None = None,

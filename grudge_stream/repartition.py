@@ -41,11 +41,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.kafkaconf import producer_config
+from grudge_stream.kafkaconf import FAST_CONSUMER, producer_config
 from grudge_stream.liveness import Liveness
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
-from grudge_stream.operators.codec import MAX_TIMESTAMP_MS, BadRecord, EventCodec
-from grudge_stream.settings import Setting
+from grudge_stream.operators.codec import BadRecord, EventCodec
+from grudge_stream.record_checks import MAX_TIMESTAMP_MS
+from grudge_stream.settings import Setting, setting
 from grudge_stream.topics import ensure_repartition_topic  # noqa: F401  (its home is topics)
 
 log = logging.getLogger("grudge_stream.repartition")
@@ -97,12 +98,12 @@ def plan(settings: Any, *, source: str, operator_id: str, key_field: str | None,
         return None
     if mode == "off":
         return None
-    app_id = settings.get("app_id", None) or f"grudge-{operator_id}-{source}"
-    n = settings.get("max_key_bytes", 1024)
+    app_id = setting(settings, "app_id") or f"grudge-{operator_id}-{source}"
+    n = setting(settings, "max_key_bytes")
     return RepartitionPlan(source_topic=source, topic=f"{app_id}-repartition", group=f"{app_id}-repartition",
                            app_id=app_id, operator_id=operator_id, key_field=key_field,
                            dead_letter_topic=dead_letter_topic, max_key_bytes=n,
-                           allow_empty_keys=settings.get("allow_empty_keys", False))
+                           allow_empty_keys=setting(settings, "allow_empty_keys"))
 
 
 _json_decode = json.JSONDecoder().decode
@@ -142,12 +143,12 @@ class Repartitioner:
         self.plan = plan_
         self.bootstrap = settings.bootstrap_servers
         self.client_config = dict(client_config or {})
-        self.exactly_once = bool(settings.get("exactly_once", False))
-        self.instance_id = settings.get("group_instance_id", "")
-        self.batch_size = settings.get("batch_size", 2000)
-        self.session_timeout_ms = int(settings.get("session_timeout_s", 30.0) * 1000)
-        self.heartbeat_ms = int(settings.get("heartbeat_interval_s", 3.0) * 1000)
-        self.txn_timeout_ms = int(settings.get("transaction_timeout_s", 60.0) * 1000)
+        self.exactly_once = bool(setting(settings, "exactly_once"))
+        self.instance_id = setting(settings, "group_instance_id")
+        self.batch_size = setting(settings, "batch_size")
+        self.session_timeout_ms = int(setting(settings, "session_timeout_s") * 1000)
+        self.heartbeat_ms = int(setting(settings, "heartbeat_interval_s") * 1000)
+        self.txn_timeout_ms = int(setting(settings, "transaction_timeout_s") * 1000)
         self.codec = plan_.codec()
         self.stage_id = f"{plan_.operator_id}-repartition"
         self.liveness = Liveness(liveness.timeout_s if liveness is not None else 60.0)
@@ -167,8 +168,6 @@ class Repartitioner:
     def _open(self) -> None:
         from confluent_kafka import Consumer, Producer
 
-        from grudge_stream.runtime.core import FAST_CONSUMER
-
         conf = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.plan.group,
@@ -183,10 +182,11 @@ class Repartitioner:
         }
         if self.instance_id:
             conf["group.instance.id"] = f"{self.instance_id}-repartition"
-        pconf = producer_config(self.client_config, bootstrap_servers=self.bootstrap, extra={
-            # The Java client's partitioner: the same key lands where a Kafka Streams
-            # application (or any Java producer) would put it.
-            "partitioner": "murmur2_random",
+        # The Java client's partitioner (the same key lands where a Kafka Streams application,
+        # or any Java producer, would put it), before the client properties: a pass-through
+        # ``kafka.partitioner`` overrides it, as it overrides every other choice made here.
+        pconf = producer_config({"partitioner": "murmur2_random", **self.client_config},
+                                bootstrap_servers=self.bootstrap, extra={
             # Delivery callbacks only for failures: a Python call per record less; success is
             # the queue draining (flush) without one.
             "delivery.report.only.error": True,

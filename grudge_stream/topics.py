@@ -101,13 +101,14 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
     if rp is not None:
         # Re-keyed by a field: the source producers write, and the repartition topic the
         # operators read (its source_topic), with the source's partition count.
-        ensure_repartition_topic(rp, bootstrap_servers, create_source=create_source, partitions=partitions,
-                                 source_config=source_topic_config(topology) if timestamp_bounds else None,
-                                 client_config=client_config)
-    n = ensure_source_topic(topology.source_topic, bootstrap_servers, create_source=create_source,
-                            partitions=partitions,
-                            config=source_topic_config(topology) if timestamp_bounds else None,
-                            client_config=client_config)
+        n = ensure_repartition_topic(rp, bootstrap_servers, create_source=create_source, partitions=partitions,
+                                     source_config=source_topic_config(topology) if timestamp_bounds else None,
+                                     client_config=client_config)
+    else:
+        n = ensure_source_topic(topology.source_topic, bootstrap_servers, create_source=create_source,
+                                partitions=partitions,
+                                config=source_topic_config(topology) if timestamp_bounds else None,
+                                client_config=client_config)
     specs: dict[str, tuple[int, dict]] = {t: (n, {}) for t in set(topology.outputs.values())}
     if "alert_state" in topology.outputs:
         specs[topology.outputs["alert_state"]] = (n, dict(ALERT_STATE_TOPIC_CONFIG))

@@ -43,6 +43,7 @@ from grudge_stream.checkpoint.format import (
 )
 from grudge_stream.exceptions import CheckpointError, ConfigError, SnapshotError
 from grudge_stream.hashing import crc32c
+from grudge_stream.kafkaconf import PRODUCER_MAX_MESSAGE_BYTES
 from grudge_stream.kafkaconf import producer_config as kafka_producer_config
 
 log = logging.getLogger("grudge_stream.checkpoint")
@@ -69,7 +70,7 @@ SNAPSHOT_TOPIC_CONFIG = {
     "segment.ms": "60000",
     "min.cleanable.dirty.ratio": "0.1",
     "delete.retention.ms": "60000",
-    "max.message.bytes": str(1024 * 1024 + 4096),
+    "max.message.bytes": str(PRODUCER_MAX_MESSAGE_BYTES),
 }
 
 

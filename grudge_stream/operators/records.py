@@ -95,11 +95,6 @@ def key_fields(key: bytes) -> dict:
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _json(body: dict) -> bytes:
-    """Compact JSON, byte for byte ``json.dumps(body, separators=(",", ":")).encode()``."""
-    return _ENCODE(body).encode()
-
-
 class Source(NamedTuple):
     """Where an output comes from: the source record that produced it (or made a timer due)."""
 
@@ -116,7 +111,8 @@ class Source(NamedTuple):
 
 
 def _to_bytes(self: Any) -> bytes:
-    """The record's value on the wire: compact JSON of ``body()``."""
+    """The record's value on the wire: compact JSON of ``body()``, byte for byte
+    ``json.dumps(body, separators=(",", ":")).encode()``."""
     return _ENCODE(self.body()).encode()
 
 
@@ -201,8 +197,6 @@ class RequestId(NamedTuple):
     request_id_bytes: int | None = None
 
     def body(self) -> dict:
-        if self.request_id_b64 is None and self.request_id_sha256 is None:
-            return {"request_id": self.request_id}
         body: dict[str, Any] = {"request_id": self.request_id}
         if self.request_id_b64 is not None:
             body["request_id_b64"] = self.request_id_b64
@@ -399,3 +393,22 @@ class DeadLetter(NamedTuple):
         if self.value is not None:
             body.update(self.value.fields("value"))
         return body
+
+
+def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
+    """Consumed confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the
+    record path of operators that declare ``needs_headers`` (``group_messages`` gives the
+    header-free columns every other operator reads)."""
+    out: dict[int, list[SourceRecord]] = {}
+    errors = []
+    for m in msgs:
+        if m.error() is not None:
+            errors.append(m)
+            continue
+        p = m.partition()
+        recs = out.get(p)
+        if recs is None:
+            recs = out[p] = []
+        recs.append(SourceRecord(topic, p, m.offset(), m.timestamp()[1], m.key(), m.value(),
+                                 m.headers() or None))
+    return out, errors

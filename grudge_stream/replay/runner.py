@@ -33,10 +33,10 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.operators.records import OutputRecord
+from grudge_stream.kafkaconf import FAST_CONSUMER  # noqa: F401 - also re-exported
+from grudge_stream.operators.records import OutputRecord, group_source_records  # noqa: F401 - also re-exported
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.replay.ranges import Position, resolve, topic_partitions
-from grudge_stream.runtime.core import FAST_CONSUMER, group_source_records  # noqa: F401 - also re-exported
 from grudge_stream.topology import Topology
 
 log = logging.getLogger("grudge_stream.replay")

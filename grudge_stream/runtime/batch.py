@@ -49,7 +49,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import watermarks
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
-from grudge_stream.runtime.core import FAST_CONSUMER, Transaction, WorkerCore, group_source_records
+from grudge_stream.kafkaconf import FAST_CONSUMER
+from grudge_stream.operators.records import group_source_records
+from grudge_stream.runtime.core import Transaction, WorkerCore
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 

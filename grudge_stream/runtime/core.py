@@ -20,8 +20,9 @@ how the group is joined; everything else is here, once:
 - **readiness, lag, health and metrics**: ``/ready`` (``ready_status``), ``/live``
   (``Liveness``), ``/metrics`` (``Metrics``), consumer lag per partition, the members
   directory of live score queries;
-- **client configuration**: ``producer_config`` (every producer), ``FAST_CONSUMER``
-  (every batched confluent-kafka consumer), ``group_source_records``.
+- client configuration comes from ``grudge_stream.kafkaconf`` (``producer_config`` for
+  every producer, ``FAST_CONSUMER`` for every batched confluent-kafka consumer), and
+  consumed messages become records through ``grudge_stream.operators.records``.
 
 Exactly-once (``exactly_once=true``) is a batch-runtime feature: the core's round runs
 inside a ``Transaction`` when the adapter gives it one. The Faust runtime refuses the
@@ -38,49 +39,33 @@ from typing import Any, Callable
 from grudge_stream.checkpoint import BROKER_ABORT_CHECK_INTERVAL_S, OPEN_TRANSACTION_MARGIN_S, CheckpointStore
 from grudge_stream.exceptions import DeliveryError
 from grudge_stream.health import AssignmentWatch, BrokerProbe, readiness
-from grudge_stream.kafkaconf import client_config, producer_config
+from grudge_stream.kafkaconf import FAST_CONSUMER, client_config, producer_config
 from grudge_stream.liveness import Liveness
 from grudge_stream.metrics import Metrics
-from grudge_stream.operators.records import SourceRecord
+from grudge_stream.operators.records import group_source_records
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition
 from grudge_stream.serving import MembersDirectory, ScoreQueries, advertised_url
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 
-__all__ = ["FAST_CONSUMER", "CheckpointCadence", "Transaction", "WorkerCore", "group_source_records",
-           "producer_config", "setting"]
-
-# Lower the consumer's idle backoff between fetches (default 1000 ms): with it the
-# batched consume() reads several times faster. The prefetch is bounded: with 64 MiB fetches
-# of 8 MiB per partition and 200,000 queued records per partition, a worker with a backlog
-# peaked at ~870 MiB RSS (against ~360 MiB with these) and was no faster (1.11 M events/s
-# either way, 3 M events over 8 partitions; benchmarks/peers, "Peak RSS").
-FAST_CONSUMER = {"fetch.queue.backoff.ms": 1, "queued.min.messages": 20_000,
-                 "fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 1024 * 1024}
+__all__ = ["FAST_CONSUMER", "CheckpointCadence", "Transaction", "WorkerCore", "group_source_records"]
 
 # A failed periodic checkpoint round is logged at most this often.
 FAILURE_LOG_INTERVAL_S = 10.0
 # Consumer lag is recorded at most this often.
 LAG_INTERVAL_S = 1.0
 
-def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
-    """confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the
-    record path of operators that declare ``needs_headers`` (``group_messages`` gives the
-    header-free columns every other operator reads)."""
-    out: dict[int, list[SourceRecord]] = {}
-    errors = []
-    for m in msgs:
-        if m.error() is not None:
-            errors.append(m)
-            continue
-        p = m.partition()
-        recs = out.get(p)
-        if recs is None:
-            recs = out[p] = []
-        recs.append(SourceRecord(topic, p, m.offset(), m.timestamp()[1], m.key(), m.value(),
-                                 m.headers() or None))
-    return out, errors
+def open_transaction_wait(settings) -> float:
+    """How long a restore waits out another producer's open transaction on the snapshot
+    topic: ``open_transaction_wait_s`` (0: not at all), by default the time the broker
+    takes to abort a dead worker's transaction — its timeout (that of the fleet, assumed
+    equal to ours) plus the broker's abort-check interval and a margin."""
+    wait = setting(settings, "open_transaction_wait_s")
+    if wait is None:
+        wait = (setting(settings, "transaction_timeout_s") + BROKER_ABORT_CHECK_INTERVAL_S
+                + OPEN_TRANSACTION_MARGIN_S)
+    return wait
 
 
 class CheckpointCadence:
@@ -172,13 +157,7 @@ class WorkerCore:
         self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic, client_config=self.client_config,
                                      chunk_bytes=setting(settings, "snapshot_chunk_bytes"),
                                      chunk_delay_s=setting(settings, "snapshot_chunk_delay_s"),
-                                     producer=self.producer,
-                                     # Wait out a dead worker's open transaction on the snapshot
-                                     # topic: the broker aborts it after its timeout (that of the
-                                     # fleet, assumed equal to ours) plus its abort-check interval.
-                                     open_transaction_wait_s=setting(settings, "open_transaction_wait_s")
-                                     or txn_timeout_s + BROKER_ABORT_CHECK_INTERVAL_S
-                                     + OPEN_TRANSACTION_MARGIN_S)
+                                     producer=self.producer, open_transaction_wait_s=open_transaction_wait(settings))
         self.broker = BrokerProbe(self.client_config, self.topic)
         self.waiting = AssignmentWatch(setting(settings, "session_timeout_s"), bool(self.instance_id))
         # Live score queries (grudge_stream.serving): answered from a restored slot, or

@@ -69,3 +69,14 @@ def test_producer_config_extra_comes_last() -> None:
     assert conf["acks"] == "1"  # the caller's own override, on purpose
     assert "bootstrap.servers" not in conf
     assert "message.max.bytes" not in producer_config({}, max_message_bytes=None)
+
+
+def test_open_transaction_wait_defaults_to_the_brokers_abort_time_and_zero_means_none() -> None:
+    from grudge_stream.checkpoint import BROKER_ABORT_CHECK_INTERVAL_S, OPEN_TRANSACTION_MARGIN_S
+    from grudge_stream.runtime.core import open_transaction_wait
+
+    default = open_transaction_wait(Settings({}, environ={}))
+    assert default == 60.0 + BROKER_ABORT_CHECK_INTERVAL_S + OPEN_TRANSACTION_MARGIN_S
+    assert open_transaction_wait(Settings({"transaction_timeout_s": 20.0}, environ={})) == default - 40.0
+    assert open_transaction_wait(Settings({"open_transaction_wait_s": 0.0}, environ={})) == 0.0
+    assert open_transaction_wait(Settings({"open_transaction_wait_s": 7.5}, environ={})) == 7.5
