@@ -81,7 +81,7 @@ def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dic
     for i in range(start, n):
         v = values[i]
         if v is None:
-            bad.append((i, "record has no value (tombstone)"))
+            bad.append((i, _checks.NO_VALUE))
             continue
         d = cache.get(v)
         if d is None:

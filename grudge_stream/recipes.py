@@ -103,8 +103,6 @@ class TokenBucketConfig(ConfigOf):
         return asdict(self)
 
 
-
-
 class TokenBucket:
     """Per-key token buckets for unbounded key spaces, in fixed memory.
 

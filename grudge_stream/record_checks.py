@@ -11,6 +11,7 @@ from __future__ import annotations
 MAX_TIMESTAMP_MS = 2**53 - 1
 """Timestamps outside ``[0, 2**53)`` ms are refused (they do not round-trip through JSON doubles)."""
 
+NO_VALUE = "record has no value (tombstone)"
 NO_KEY = "record has no key"
 EMPTY_KEY = "empty key (allow_empty_keys is off)"
 

@@ -22,6 +22,7 @@ from grudge_stream.record_checks import (
     EMPTY_KEY,
     MAX_TIMESTAMP_MS,
     NO_KEY,
+    NO_VALUE,
     key_too_long,
     timestamp_out_of_range,
 )
@@ -100,7 +101,7 @@ class EventCodec:
             k = key if key is not None else value
             return Event(self._check_key(k), self._check_ts(record_ts_ms, "record timestamp"), 1.0)
         if value is None:
-            raise BadRecord("record has no value (tombstone)")
+            raise BadRecord(NO_VALUE)
         if self.key_field is None and self.time_field is None:
             cached = self._cache.get(value)
             if cached is None:

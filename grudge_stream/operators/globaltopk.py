@@ -59,6 +59,7 @@ from grudge_stream.operators.records import (
     SourceRecord,
     output_id,
 )
+from grudge_stream.record_checks import NO_VALUE
 
 # Bounds a report must respect: a malformed (or hostile) report cannot make a record list
 # millions of missing partitions or hold millions of entries per interval.
@@ -90,7 +91,7 @@ def _int(obj: dict, name: str, lo: int, hi: int | None = None, null: bool = Fals
 def parse_report(value: bytes | None) -> Report:
     """A heavy-hitters report, checked field by field, or BadRecord saying what is wrong."""
     if value is None:
-        raise BadRecord("record has no value (tombstone)")
+        raise BadRecord(NO_VALUE)
     obj = _json_object(value)
     op = obj.get("operator")
     if not isinstance(op, str) or not op:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from grudge_stream.exceptions import ConfigError
 
@@ -52,6 +52,9 @@ def config_fields(cls: Any, conf: Any, what: str) -> dict:
     return dict(conf)
 
 
+_C = TypeVar("_C", bound="ConfigOf")
+
+
 class ConfigOf:
     """What the frozen config classes share: ``kwargs()`` (the constructor arguments of the
     sketch they configure) and ``of(conf)`` (``conf`` itself, or the config a dict names:
@@ -65,7 +68,7 @@ class ConfigOf:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     @classmethod
-    def of(cls, conf: Any) -> Any:
+    def of(cls: type[_C], conf: Any) -> _C:
         if isinstance(conf, cls):
             return conf
         return cls(**cls._from_dict(config_fields(cls, conf, cls.built)))

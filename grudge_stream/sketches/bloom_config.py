@@ -137,6 +137,4 @@ class BloomConfig(ConfigOf):
         return self._sizing  # type: ignore[attr-defined, no-any-return]
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items()}
-
-
+        return asdict(self)
