@@ -23,6 +23,8 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import emit  # noqa: E402
 
 
 def result_of(stdout: str) -> dict[str, Any]:
@@ -65,7 +67,9 @@ def main() -> None:
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
-    script = a.script if os.path.exists(a.script) else os.path.join(HERE, a.script)
+    # The scripts run from /: every path given relative to here is made absolute.
+    script = os.path.abspath(a.script) if os.path.exists(a.script) else os.path.join(HERE, a.script)
+    a.this, a.against = (os.path.abspath(p) if os.sep in p else p for p in (a.this, a.against))
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     sides: dict[str, list[dict[str, float]]] = {a.label_this: [], a.label_against: []}
     for r in range(a.runs):
@@ -88,7 +92,7 @@ def main() -> None:
         ratio = mt / mo if mo else float("nan")
         summary[k] = {"this": mt, "against": mo, "ratio": ratio}
         print(f"{k:{w}s} {mt:12.4g} {mo:12.4g} {ratio:7.3f}")
-    print("RESULT " + json.dumps(summary, sort_keys=True))
+    emit(summary)
 
 
 if __name__ == "__main__":

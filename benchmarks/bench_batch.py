@@ -41,14 +41,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import emit  # noqa: E402
+from common import BAD, BENCH_KEY, GOOD, PARTS, abuse_draw, abuse_value, emit  # noqa: E402,F401 (PARTS: also for importers)
 
 from grudge_devkafka import free_port  # noqa: E402
 from grudge_stream.replay.ranges import Position  # noqa: E402
 from grudge_stream.replay.runner import FAST_CONSUMER, replay  # noqa: E402
 from grudge_stream.topology import Settings, load_topology  # noqa: E402
 
-PARTS = 8
 
 
 def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_events: int = 20,
@@ -65,12 +64,9 @@ def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_ev
     admin.create_topics([NewTopic(topic, PARTS, 1)])[topic].result(30)
     p = Producer({"bootstrap.servers": bs, "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
                   "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_000_000})
-    rng = np.random.default_rng(1)
-    ks = rng.integers(0, keys, size=n)
-    bad_draw = rng.random(n)
+    ks, bad_draw = abuse_draw(n, keys)
     names = [b"client-%08d" % i for i in range(keys)]
     parts = [partition_of(k) for k in names] if partition_of else [i % PARTS for i in range(keys)]
-    bad, good = b'{"outcome":"bad"}', b'{"outcome":"good"}'
     t0 = int(time.time() * 1000) - 3_600_000
     plant: dict[int, int] = {}
     if planted:
@@ -82,10 +78,10 @@ def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_ev
         j = plant.get(i) if plant else None
         if j is not None:
             key, part = b"abuser-%05d" % j, j % PARTS
-            v = bad if bad_draw[i] < 0.9 else good
+            v = BAD if bad_draw[i] < 0.9 else GOOD
         else:
             key, part = names[k], parts[k]
-            v = bad if (k % 5000 == 0 and bad_draw[i] < 0.9) or bad_draw[i] < 0.02 else good
+            v = abuse_value(k, bad_draw[i])
         while True:
             try:
                 p.produce(topic, key=key, value=v, partition=part, timestamp=t0 + i // 2000)
@@ -126,9 +122,7 @@ CHECKPOINT_INTERVAL = "5"
 THIS_SETS: dict[str, str] = {}  # --set: settings for this installation's workers only
 
 
-# A fixed benchmark key (not a secret); releases before the 128-bit key took a decimal
-# seed (--baseline-seed 42 for those).
-BENCH_KEY = "2b7e151628aed2a6abf7158809cf4f3c"
+# Releases before the 128-bit key took a decimal seed (--baseline-seed 42 for those).
 BASELINE_SEED = [BENCH_KEY]  # --baseline-seed
 
 

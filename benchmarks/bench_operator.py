@@ -13,44 +13,35 @@ Side by side with another installation: benchmarks/ab.py --against OTHER/bin/pyt
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
+import sys
 import time
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(__file__))
+from common import BENCH_KEY, PARTS, abuse_draw, abuse_value, emit  # noqa: E402
 
-from grudge_stream.topology import Settings, load_topology
-
-PARTS = 8
+from grudge_stream.topology import Settings, load_topology  # noqa: E402
 
 
 def workload(n: int, keys: int, batch: int) -> list[tuple[int, list, list, list, list]]:
-    """``(partition, offsets, timestamps, keys, values)`` batches, each of one partition."""
-    rng = np.random.default_rng(1)
-    ks = rng.integers(0, keys, size=n)
-    bad_draw = rng.random(n)
-    bad, good = b'{"outcome":"bad"}', b'{"outcome":"good"}'
+    """``(partition, offsets, timestamps, keys, values)`` batches, each of one partition's
+    records in offset order, partitions taken in turn: bench_batch.py's events."""
+    ks, draw = abuse_draw(n, keys)
     t0 = 1_700_000_000_000
-    per_part: list[list[tuple[int, int, int]]] = [[] for _ in range(PARTS)]
+    per_part: list[list[tuple[int, int]]] = [[] for _ in range(PARTS)]
     for i in range(n):
-        k = int(ks[i])
-        per_part[k % PARTS].append((i, k, t0 + i // 2000))
+        per_part[int(ks[i]) % PARTS].append((i, int(ks[i])))
     by_part = []
-    for p in range(PARTS):
-        rows = per_part[p]
+    for p, rows in enumerate(per_part):
         mine = []
         for s in range(0, len(rows), batch):
             chunk = rows[s:s + batch]
-            mine.append((p, [s + j for j in range(len(chunk))], [t for _, _, t in chunk],
-                         [b"client-%08d" % k for _, k, _ in chunk],
-                         [bad if (k % 5000 == 0 and bad_draw[i] < 0.9) or bad_draw[i] < 0.02 else good
-                          for i, k, _ in chunk]))
+            mine.append((p, list(range(s, s + len(chunk))), [t0 + i // 2000 for i, _ in chunk],
+                         [b"client-%08d" % k for _, k in chunk],
+                         [abuse_value(k, draw[i]) for i, k in chunk]))
         by_part.append(mine)
-    out = []  # partitions taken in turn, each one's batches in offset order
-    for r in range(max(len(m) for m in by_part)):
-        out.extend(m[r] for m in by_part if r < len(m))
-    return out
+    return [m[r] for r in range(max(len(m) for m in by_part)) for m in by_part if r < len(m)]
 
 
 def main() -> None:
@@ -62,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings({
         "source_topic": "bench-events", "operator_id": "bench-op",
-        "seed": "2b7e151628aed2a6abf7158809cf4f3c",
+        "seed": BENCH_KEY,
     }, environ={})
     topology = load_topology("abuse_scores", settings)
     batches = workload(args.events, args.keys, args.batch)
@@ -79,7 +70,7 @@ def main() -> None:
     print(f"abuse_scores process_columns, {args.events:,} events over {args.keys:,} keys, "
           f"batches of {args.batch:,}: {med:.0f} ns CPU/event (median of {args.runs}; runs "
           f"{', '.join(f'{x:.0f}' for x in cpu_ns)}); {outputs:,} outputs; load {os.getloadavg()[0]:.1f}")
-    print("RESULT " + json.dumps({"cpu_ns_per_event": med, "outputs": outputs}))
+    emit({"cpu_ns_per_event": med, "outputs": outputs})
 
 
 if __name__ == "__main__":

@@ -3,24 +3,21 @@ API at 1, 64 and 1024 events per call, so the per-call cost (argument checks, re
 arrays) shows beside the per-event kernel cost.
 
 Run: .venv/bin/python benchmarks/bench_small_batches.py [--runs 5] [--events 200000]
-     .venv/bin/python benchmarks/bench_small_batches.py --against /path/to/other/checkout
-
-With --against, the same measurement runs alternately (round by round) in this process's
-build and in a subprocess importing grudge_stream from PATH (a checkout with its kernels
-built in place, `setup.py build_ext --inplace`), and both medians print side by side.
+Side by side with another installation: benchmarks/ab.py --against OTHER/bin/python bench_small_batches.py
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import emit  # noqa: E402
 
 
 def measure(events: int, seed: int = 1) -> dict[str, float]:
@@ -63,43 +60,17 @@ def measure(events: int, seed: int = 1) -> dict[str, float]:
     return out
 
 
-def medians(rounds: list[dict[str, float]]) -> dict[str, float]:
-    return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--events", type=int, default=200_000)
-    ap.add_argument("--against", metavar="PATH", help="a checkout to compare with, side by side")
-    ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.one_round:
-        print(json.dumps(measure(args.events)))
-        return
-    here: list[dict[str, float]] = []
-    there: list[dict[str, float]] = []
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(args.against or "."))
-    for _ in range(args.runs):
-        here.append(measure(args.events))
-        if args.against:
-            res = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--one-round", "--events",
-                 str(args.events)], env=env, cwd="/", capture_output=True, text=True, check=True)
-            there.append(json.loads(res.stdout))
-    mh = medians(here)
-    import grudge_stream
-    print(f"ns per event, median of {args.runs} rounds; this build: "
-          f"{os.path.dirname(grudge_stream.__file__)}")
-    if args.against:
-        mt = medians(there)
-        print(f"{'call | events per call':62s} {'this':>8s} {'against':>8s} {'ratio':>6s}")
-        for k in mh:
-            print(f"{k:62s} {mh[k]:8.1f} {mt[k]:8.1f} {mh[k] / mt[k]:6.2f}")
-    else:
-        for k in mh:
-            print(f"{k:62s} {mh[k]:8.1f}")
-    print("RESULT " + json.dumps({"ns_per_event": mh}, sort_keys=True))
+    rounds = [measure(args.events) for _ in range(args.runs)]
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print(f"ns per event, median of {args.runs} rounds ({'call | events per call'})")
+    for k, v in med.items():
+        print(f"  {k:62s} {v:8.1f}")
+    emit({"ns_per_event": med})
 
 
 if __name__ == "__main__":

@@ -48,3 +48,22 @@ def emit(summary: dict) -> None:
     """Print the machine-readable summary line last."""
     print("RESULT " + json.dumps(summary, sort_keys=True))
     sys.stdout.flush()
+
+
+# The abuse traffic of bench_batch.py (and the scripts built on its generator), without a
+# broker: uniform clients over PARTS partitions, each client's events bad with probability
+# 2%, and every 5000th client abusive (90% bad).
+PARTS = 8
+BENCH_KEY = "2b7e151628aed2a6abf7158809cf4f3c"  # a fixed benchmark hash key, not a secret
+BAD, GOOD = b'{"outcome":"bad"}', b'{"outcome":"good"}'
+
+
+def abuse_draw(n: int, keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(client of event i, a uniform draw per event)``, the same on every run."""
+    rng = np.random.default_rng(1)
+    return rng.integers(0, keys, size=n), rng.random(n)
+
+
+def abuse_value(client: int, draw: float) -> bytes:
+    """The outcome of one event of ``client`` given its draw."""
+    return BAD if (client % 5000 == 0 and draw < 0.9) or draw < 0.02 else GOOD
