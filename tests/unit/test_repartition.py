@@ -268,3 +268,18 @@ def test_stage_exactly_once_commits_offsets_in_the_transaction() -> None:
     r.stopping.wait = lambda t: None
     assert r.run_once() == 0
     assert p.calls[-1] == "abort" and c.seeks == [(0, 11)] and r.counters["forwarded"] == 2
+
+
+def test_stage_producer_takes_murmur2_random_unless_a_pass_through_overrides_it(monkeypatch) -> None:
+    import confluent_kafka
+
+    made: list[dict] = []
+    monkeypatch.setattr(confluent_kafka, "Producer", lambda conf: made.append(conf) or FakeProducer())
+    monkeypatch.setattr(confluent_kafka, "Consumer", lambda conf: type("C", (), {"subscribe": lambda *a, **k: None})())
+    rp = plan(settings(), source="in", operator_id="op", key_field="id", dead_letter_topic="dlq")
+    # (client_config: the worker's client properties, pass-through ``kafka.*`` included)
+    for extra, want in (({}, "murmur2_random"), ({"partitioner": "consistent_random"}, "consistent_random")):
+        r = Repartitioner(rp, settings(bootstrap_servers="x:1"), liveness=Liveness(60.0), client_config=extra)
+        r._open()
+        assert made[-1]["partitioner"] == want
+        assert made[-1]["delivery.report.only.error"] is True and made[-1]["acks"] == "all"
