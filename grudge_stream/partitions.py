@@ -232,9 +232,17 @@ class PartitionSlot:
         return refs[0] if refs else None
 
 
+def snapshot_write(slot: PartitionSlot) -> SnapshotWrite:
+    """``slot``'s state serialized now, with the offset and watermark it reflects."""
+    op = slot.operator
+    return SnapshotWrite(op.operator_id, slot.partition, op.snapshot(), op.next_offset, op.watermark,
+                         op.fingerprint, slot.topology.source_topic, slot.partition_count)
+
+
 def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
                      publisher: OutputPublisher | None,
-                     should_stop: Callable[[], bool] | None = None) -> list[SnapshotRef]:
+                     should_stop: Callable[[], bool] | None = None,
+                     taken: Sequence[SnapshotWrite] | None = None) -> list[SnapshotRef]:
     """One checkpoint round: snapshot every dirty slot of ``slots``; the refs, in slot order.
 
     Outputs are flushed once (a snapshot never covers an output that is not durable: the
@@ -243,8 +251,11 @@ def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
     then ``CheckpointStore.write_many`` sends every partition's chunks together, each blob
     serialized while the previous one's chunks are on their way. Afterwards each slot's
     ``snapshotted_offset`` is what its snapshot covers: commit up to it.
+
+    ``taken``: the snapshots of ``slots`` (one each, in order) serialized earlier, at a
+    batch boundary, by ``snapshot_write`` — so the state may change meanwhile.
     """
-    dirty = [s for s in slots if s.dirty]
+    dirty = list(slots) if taken is not None else [s for s in slots if s.dirty]
     if not dirty:
         return []
     t0 = time.perf_counter()
@@ -253,12 +264,10 @@ def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
     sizes: list[int] = []
 
     def writes():
-        for slot in dirty:
-            op = slot.operator
-            blob = op.snapshot()
-            sizes.append(len(blob))
-            yield SnapshotWrite(op.operator_id, slot.partition, blob, op.next_offset, op.watermark,
-                                op.fingerprint, slot.topology.source_topic, slot.partition_count)
+        for slot, write in zip(dirty, taken) if taken is not None else ((s, None) for s in dirty):
+            write = write if write is not None else snapshot_write(slot)
+            sizes.append(len(write.blob))
+            yield write
 
     refs = store.write_many(writes())
     now_wall, now_mono = time.time(), time.monotonic()

@@ -80,6 +80,8 @@ class Topology:
     # Manual allow / deny entries (grudge_stream.overrides); "" = derived from the alerts (or
     # decisions) topic: "<alerts>-overrides". None = the topology takes no overrides.
     overrides_topic: str | None = ""
+    # The operators' id (snapshot keys, output ids); "" = asked of an operator, once.
+    operator_id: str = ""
 
     def __post_init__(self) -> None:
         if self.restore_fallback not in RESTORE_FALLBACKS:
@@ -88,6 +90,8 @@ class Topology:
             raise ConfigError("checkpoint_interval_s must be > 0")
         if "dead_letters" not in self.outputs:
             raise ConfigError("a topology needs a dead_letters output topic")
+        if not self.operator_id:
+            self.operator_id = self.make_operator(0).operator_id
         if not self.app_id:
             self.app_id = f"grudge-{self.operator_id}-{self.source_topic}"
         judged = self.outputs.get("alerts") or self.outputs.get("decisions")
@@ -99,10 +103,6 @@ class Topology:
 
     def output_topic(self, role: str) -> str | None:
         return self.outputs.get(role)
-
-    @property
-    def operator_id(self) -> str:
-        return self.make_operator(0).operator_id
 
 
 def topology_names() -> list[str]:

@@ -84,6 +84,7 @@ def build(settings: Settings) -> Topology:
                                      sketch=sketch, codec=codec, **policy, **common)
 
     return Topology(
+        operator_id=operator_id,
         name=g("app_name", None) or "abuse-scores",
         source_topic=source,
         make_operator=make_operator,

@@ -66,6 +66,7 @@ def build(settings: Settings) -> Topology:
                              bloom=bloom, codec=codec, **common)
 
     return Topology(
+        operator_id=operator_id,
         name=settings.get("app_name") or "dedup",
         source_topic=source,
         make_operator=make_operator,

@@ -53,6 +53,7 @@ def build(settings: Settings) -> Topology:
                                   **kwargs, **common)
 
     return Topology(
+        operator_id=operator_id,
         name=settings.get("app_name") or "heavy-global",
         source_topic=source,
         make_operator=make_operator,

@@ -78,6 +78,7 @@ def build(settings: Settings) -> Topology:
                                    sketch=sketch, codec=codec, **kwargs, **common)
 
     return Topology(
+        operator_id=operator_id,
         name=settings.get("app_name") or "heavy-hitters",
         source_topic=source,
         make_operator=make_operator,

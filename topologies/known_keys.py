@@ -66,6 +66,7 @@ def build(settings: Settings) -> Topology:
                                 codec=codec, **common)
 
     return Topology(
+        operator_id=operator_id,
         name=settings.get("app_name") or "known-keys",
         source_topic=source,
         make_operator=make_operator,

@@ -69,6 +69,7 @@ def build(settings: Settings) -> Topology:
                                  bucket=bucket, codec=codec, **params, **common)
 
     return Topology(
+        operator_id=operator_id,
         name=settings.get("app_name") or "rate-limit",
         source_topic=source,
         make_operator=make_operator,

@@ -1,1 +1,78 @@
-"""The Faust runtime, now ``grudge_stream.runtime.faust`` (``grudge_stream.faust.app`` re-exports it)."""
+"""Sketch state in your own Faust app: the shape of ``app.Table``, in fixed memory.
+
+::
+
+    import faust
+    from grudge_stream import faust as grudge
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+
+    app = faust.App("shop-guard", broker="kafka://localhost:9092")
+    logins = app.topic("logins", key_type=bytes, value_type=bytes)
+    abuse = grudge.scores(app, "abuse", source=logins, hash_key=HashKey.parse(SEED),
+                          sketch=ScoreSketchConfig(levels=4, cells_per_level=100_000,
+                                                   decay=Exponential(0.01), hasher="siphash"),
+                          raise_at=0.5, clear_at=0.25)
+    logins_per_user = app.Table("logins-per-user", default=int)
+
+    @app.agent(logins)
+    async def judge(stream):
+        async for event in stream.events():
+            abuse.update(event.key, 0.04 if event.value == b"bad" else -0.001)
+            logins_per_user[event.key] += 1
+
+Each state is bound to one source topic and split like it: one sketch per partition,
+restored from its snapshot topic when the partition is assigned (before any of its
+records reach an agent), snapshotted every ``checkpoint_interval_s``, on revocation
+and at shutdown. The app's commits of that topic never pass a state's newest durable
+snapshot; every other topic, agent, Table and timer of the app works as Faust has it.
+A per-event call takes the partition, offset and timestamp of the event being
+processed. docs/embedding.md says what is guaranteed, and what is not.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from grudge_stream.runtime.faust import FaustStates, attach
+from grudge_stream.state import (
+    ForgettingSetState,
+    HeavyHitterState,
+    RateLimitState,
+    ScoreState,
+    SketchState,
+    StateNotReady,
+)
+
+__all__ = ["attach", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "FaustStates",
+           "SketchState", "ScoreState", "RateLimitState", "HeavyHitterState", "ForgettingSetState",
+           "StateNotReady"]
+
+
+def _topic_name(source: Any) -> str:
+    if isinstance(source, str):
+        return source
+    names = getattr(source, "topics", None)
+    if names and len(names) == 1:
+        return names[0]
+    raise TypeError("source must be a topic name or a Faust topic of exactly one topic, "
+                    f"not {source!r}")
+
+
+def scores(app, name: str, *, source: Any, **kw: Any) -> ScoreState:
+    """A ``ScoreState`` (decaying scores with alerts) of ``source``, attached to ``app``."""
+    return attach(app, ScoreState(name, source_topic=_topic_name(source), **kw))
+
+
+def rate_limiter(app, name: str, *, source: Any, **kw: Any) -> RateLimitState:
+    """A ``RateLimitState`` (token buckets) of ``source``, attached to ``app``."""
+    return attach(app, RateLimitState(name, source_topic=_topic_name(source), **kw))
+
+
+def heavy_hitters(app, name: str, *, source: Any, **kw: Any) -> HeavyHitterState:
+    """A ``HeavyHitterState`` (decayed counts, top-k, alerts) of ``source``, attached to ``app``."""
+    return attach(app, HeavyHitterState(name, source_topic=_topic_name(source), **kw))
+
+
+def forgetting_set(app, name: str, *, source: Any, **kw: Any) -> ForgettingSetState:
+    """A ``ForgettingSetState`` (a set that forgets) of ``source``, attached to ``app``."""
+    return attach(app, ForgettingSetState(name, source_topic=_topic_name(source), **kw))

@@ -177,6 +177,9 @@ class Operator(abc.ABC):
                                          "future_clamped": 0, "late_dropped": 0}
         # Records below next_offset that a runtime re-delivered (not state: differs per run).
         self.skipped = 0
+        # What the last applied event computed (a score, a decision, ...), for embedded state:
+        # ``apply`` sets it, ``apply_event`` clears it first (None: not applied).
+        self.result: Any = None
         # Event-time timers (``every``): name -> interval, and name -> next due time.
         self._timer_intervals: dict[str, int] = {}
         self.timers: dict[str, int | None] = {}
@@ -282,8 +285,7 @@ class Operator(abc.ABC):
         """Process records of this partition in offset order; ``processing_ms`` is the
         processing time the future bound is measured from (default: the wall clock now)."""
         out: list[OutputRecord] = []
-        fut_limit, late_limit = self._limits(processing_ms)
-        counters = self.counters
+        limits = self._limits(processing_ms)
         for rec in records:
             if rec.partition != self.partition or rec.topic != self.source_topic:
                 raise ValueError(
@@ -296,36 +298,71 @@ class Operator(abc.ABC):
             self.next_offset = rec.offset + 1
             try:
                 ev = self.codec.decode(rec.key, rec.value, rec.timestamp_ms)
-                self.validate_event(ev)
-                ts = ev.ts_ms
-                if fut_limit is not None and ts > fut_limit:
-                    if self.future_policy == "dead_letter":
-                        raise BadRecord(self.time_reason(1, ts, self.watermark, fut_limit))
-                    counters["future_clamped"] += 1
-                    # Its time cannot be trusted: it happens "now" in stream terms, at the
-                    # watermark, and so never moves the partition's clock.
-                    ts = self.watermark if self.watermark is not None else fut_limit
-                wm = self.watermark
-                if wm is not None and late_limit is not None and wm - ts > late_limit:
-                    counters["late_dropped"] += 1
-                    if self.late_policy == "dead_letter":
-                        raise BadRecord(self.time_reason(2, ts, wm, fut_limit))
-                    continue
             except BadRecord as exc:
                 out.append(self.dead_letter(rec, str(exc)))
-            else:
-                if wm is None or ts > wm:
-                    wm = self.watermark = ts
-                    late = 0
-                else:
-                    late = wm - ts
-                    if late:
-                        counters["late"] += 1
-                counters["events"] += 1
-                if self._timer_intervals:
-                    self.fire_timers(wm, rec, out)
-                self.apply(ev if ts == ev.ts_ms else ev._replace(ts_ms=ts), rec, wm, late, out)
+                continue
+            self._admit(ev, rec, limits, out)
         return out
+
+    def apply_event(self, key: bytes, value: Any, *, offset: int, timestamp_ms: int,
+                    processing_ms: int | None = None) -> list[OutputRecord] | None:
+        """One event the caller has decoded itself (embedded state, ``grudge_stream.state``),
+        under the rules ``process`` applies to a record: skipped below ``next_offset``
+        (returns None), its event time bounded, timers fired, then applied; the outputs.
+
+        ``key``, ``value`` and ``timestamp_ms`` are checked as the codec checks a record's
+        (key length, empty keys, the value's type and range, the time's range): a bad one
+        raises ``ValueError`` naming the argument, and nothing changes."""
+        if self.next_offset is not None and offset < self.next_offset:
+            self.skipped += 1
+            return None
+        try:
+            ev = Event(key, timestamp_ms, self.codec.check_event(key, value, timestamp_ms))
+        except BadRecord as exc:
+            raise ValueError(str(exc)) from None
+        self.next_offset = offset + 1
+        rec = SourceRecord(self.source_topic, self.partition, offset, timestamp_ms, key, None)
+        out: list[OutputRecord] = []
+        self.result = None
+        self._admit(ev, rec, self._limits(processing_ms), out)
+        return out
+
+    def _admit(self, ev: Event, rec: SourceRecord, limits: tuple[int | None, int | None],
+               out: list[OutputRecord]) -> None:
+        """A decoded event: validated, its time bounded (docs/runtime.md), applied at the
+        watermark; or dead-lettered, or counted (``late_policy="count"``)."""
+        fut_limit, late_limit = limits
+        counters = self.counters
+        try:
+            self.validate_event(ev)
+            ts = ev.ts_ms
+            if fut_limit is not None and ts > fut_limit:
+                if self.future_policy == "dead_letter":
+                    raise BadRecord(self.time_reason(1, ts, self.watermark, fut_limit))
+                counters["future_clamped"] += 1
+                # Its time cannot be trusted: it happens "now" in stream terms, at the
+                # watermark, and so never moves the partition's clock.
+                ts = self.watermark if self.watermark is not None else fut_limit
+            wm = self.watermark
+            if wm is not None and late_limit is not None and wm - ts > late_limit:
+                counters["late_dropped"] += 1
+                if self.late_policy == "dead_letter":
+                    raise BadRecord(self.time_reason(2, ts, wm, fut_limit))
+                return
+        except BadRecord as exc:
+            out.append(self.dead_letter(rec, str(exc)))
+            return
+        if wm is None or ts > wm:
+            wm = self.watermark = ts
+            late = 0
+        else:
+            late = wm - ts
+            if late:
+                counters["late"] += 1
+        counters["events"] += 1
+        if self._timer_intervals:
+            self.fire_timers(wm, rec, out)
+        self.apply(ev if ts == ev.ts_ms else ev._replace(ts_ms=ts), rec, wm, late, out)
 
     def time_reason(self, code: int, ts: int, wm: int | None, fut_limit: int | None) -> str:
         """The dead-letter reason of an event time out of bounds (code 1: future, 2: late)."""

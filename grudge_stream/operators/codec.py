@@ -144,6 +144,15 @@ class EventCodec:
             ts = self._check_ts(int(tv), f"time field {self.time_field!r}")
         return Event(self._check_key(k), ts, self._value(obj))
 
+    def check_event(self, key: bytes, value: Any, ts_ms: int) -> Any:
+        """The meaning of an event its caller decoded (embedded state): ``value`` read as the
+        value field would be, the key and time checked as a record's; raises BadRecord."""
+        self._check_key(key)
+        self._check_ts(ts_ms, "timestamp_ms")
+        if self.encoding == "raw":
+            return 1.0
+        return self._value({} if value is None or self.value_field is None else {self.value_field: value})
+
     @property
     def value_only(self) -> bool:
         """True when a record's meaning depends on its value bytes alone (key and time come

@@ -38,7 +38,8 @@ class DedupOperator(BloomOperator):
 
     def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
               out: list[OutputRecord]) -> None:
-        if self.bloom.add_if_absent(ev.key, now_ms=now_ms):
+        self.result = new = self.bloom.add_if_absent(ev.key, now_ms=now_ms)
+        if new:
             self.counters["forwarded"] += 1
             # Forwarded as it came: key, value, headers and the record timestamp (not the
             # event time of a time_field, nor the clamped watermark).

@@ -76,7 +76,7 @@ class HeavyHitterOperator(SketchAlertOperator):
     def apply(self, ev: Event, rec: SourceRecord, now_ms: int, late_ms: int,
               out: list[OutputRecord]) -> None:
         self.sketch.increment(ev.key, int(ev.value), now_ms=now_ms)
-        est = self.sketch.query(ev.key, now_ms=now_ms)
+        est = self.result = self.sketch.query(ev.key, now_ms=now_ms)
         state, override = self._judge(ev.key, float(est), now_ms)
         if state is not None:
             self._alert(ev.key, state, float(est), now_ms, rec, out, override)

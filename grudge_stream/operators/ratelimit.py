@@ -161,6 +161,7 @@ class RateLimitOperator(Operator):
             exp = table.get(ev.key).expires_ms
             retry = 0 if allowed else (None if exp is None else max(0, exp - now_ms))
         self.counters["allowed" if allowed else "denied"] += 1
+        self.result = (allowed, retry)
         if allowed and self.emit == "denials":
             return
         headers = getattr(rec, "headers", None)

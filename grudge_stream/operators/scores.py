@@ -109,7 +109,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
         delta = ev.value
         if late_ms and self._lam_per_ms:
             delta *= math.exp(-self._lam_per_ms * late_ms)
-        score = self.sketch.update_and_query(ev.key, delta, now_ms=now_ms)
+        score = self.result = self.sketch.update_and_query(ev.key, delta, now_ms=now_ms)
         state, override = self._judge(ev.key, score, now_ms)
         if state is not None:
             self._alert(ev.key, state, score, now_ms, rec, out, override)

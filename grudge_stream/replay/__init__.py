@@ -1,2 +1,2 @@
 """The confluent-kafka batch runner: replay and backfill (grudge_stream.replay.runner). The live
-batch worker is ``grudge_stream.runtime.batch`` (``grudge_stream.replay.live`` re-exports it)."""
+batch worker is ``grudge_stream.runtime.batch``."""

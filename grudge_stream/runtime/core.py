@@ -122,12 +122,13 @@ class WorkerCore:
     runtime = ""
     log = logging.getLogger("grudge_stream.runtime")
 
-    def __init__(self, topology: Topology, settings: Settings, *, exactly_once: bool = False) -> None:
+    def __init__(self, topology: Topology, settings: Settings, *, exactly_once: bool = False,
+                 bootstrap_servers: str | None = None, client_properties: dict | None = None) -> None:
         self.topology = topology
         self.settings = settings
-        self.bootstrap = settings.bootstrap_servers
+        self.bootstrap = bootstrap_servers or settings.bootstrap_servers
         # Security and pass-through client properties, for every client (docs/security.md).
-        self.client_config = client_config(settings)
+        self.client_config = {**client_config(settings, self.bootstrap), **(client_properties or {})}
         self.topic = topology.source_topic
         self.app_id = topology.app_id
         self.instance_id = setting(settings, "group_instance_id")
@@ -237,11 +238,12 @@ class WorkerCore:
         parts = sorted(self.slots) if partitions is None else partitions
         return [self.slots[p] for p in parts if p in self.slots and self.slots[p].dirty]
 
-    def write_snapshots(self, dirty: list[PartitionSlot]) -> dict[int, int]:
+    def write_snapshots(self, dirty: list[PartitionSlot], taken: list | None = None) -> dict[int, int]:
         """Snapshot ``dirty`` (blocking): outputs flushed first, unless a transaction carries
-        them; the offsets the snapshots cover, by partition."""
+        them; the offsets the snapshots cover, by partition. ``taken``: the slots' snapshots
+        serialized earlier (``take_snapshots``), written as they are."""
         checkpoint_slots(dirty, self.store, None if self.transaction is not None else self.publisher,
-                         self.liveness.beating(self.is_stopping))
+                         self.liveness.beating(self.is_stopping), taken=taken)
         return {s.partition: s.snapshotted_offset for s in dirty if s.snapshotted_offset is not None}
 
     def checkpointed(self, offsets: dict[int, int]) -> None:

@@ -522,3 +522,320 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         await asyncio.get_running_loop().run_in_executor(None, runtime.start_members)
 
     return app
+
+
+# -- sketch state in a user's own Faust app (grudge_stream.faust) ---------------------------------
+
+
+class EmbeddedStateConsumer:
+    """Mixed into the consumer class of a user's Faust app by ``FaustStates``.
+
+    Two changes, for the source topics of attached states only (every other topic of the
+    app is consumed and committed exactly as Faust does it):
+
+    - after Faust positions the assigned partitions (``perform_seek``, after every
+      rebalance and before any record flows) every state restores its new partitions
+      from their snapshots. Nothing is re-positioned: the app's other agents read the
+      topic too; records below a snapshot's offset are skipped by the state alone.
+    - a commit never passes a state's newest durable snapshot: Faust's offset (its acks)
+      is clipped to the state's commit limit, so after a crash every record the restored
+      state lacks is delivered again. Faust's own gap check runs against the acked
+      position this consumer keeps, since the committed offset now trails it.
+    """
+
+    def _grudge_states(self) -> "FaustStates | None":
+        return getattr(self.app, "grudge_states", None)  # type: ignore[attr-defined]
+
+    def grudge_acked_position(self, tp, extra=()) -> int | None:
+        """The offset below which every record of ``tp`` is acked by every agent, read from
+        Faust's ack list without consuming it (None: not known yet)."""
+        states = self._grudge_states()
+        start = states.acked_end.get(tp) if states is not None else None
+        if start is None:
+            start = self._committed_offset.get(tp)  # type: ignore[attr-defined]
+        if start is None:
+            return None
+        for offset in sorted({*self._acked.get(tp, ()), *extra}):  # type: ignore[attr-defined]
+            if offset == start:
+                start += 1
+            elif offset > start:
+                break
+        return start
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        # Faust drops the revoked partitions' acks before the app's revocation handlers run:
+        # keep them for the revocation snapshot and commit (FaustStates.on_revoked).
+        states = self._grudge_states()
+        if states is not None:
+            states.revoked_acks = {tp: list(self._acked.get(tp, ()))  # type: ignore[attr-defined]
+                                   for tp in revoked if tp.topic in states.topics}
+        await super().on_partitions_revoked(revoked)  # type: ignore[misc]
+
+    async def perform_seek(self) -> None:
+        await super().perform_seek()  # type: ignore[misc]
+        states = self._grudge_states()
+        if states is not None:
+            await states.on_positioned(self)
+
+    def _new_offset(self, tp):
+        states = self._grudge_states()
+        if states is None or tp.topic not in states.topics:
+            return super()._new_offset(tp)  # type: ignore[misc]
+        committed = self._committed_offset  # type: ignore[attr-defined]
+        saved = committed[tp]
+        acked = states.acked_end.get(tp)
+        if acked is not None:
+            committed[tp] = acked
+        try:
+            return super()._new_offset(tp)  # type: ignore[misc]
+        finally:
+            committed[tp] = saved
+
+    def _filter_committable_offsets(self, tps):
+        states = self._grudge_states()
+        if states is None:
+            return super()._filter_committable_offsets(tps)  # type: ignore[misc]
+        tps = list(tps)
+        out = super()._filter_committable_offsets(tps)  # type: ignore[misc]
+        for tp in tps:
+            if tp.topic not in states.topics:
+                continue
+            new = out.pop(tp, None)
+            if new is not None and new > states.acked_end.get(tp, -1):
+                states.acked_end[tp] = new
+            offset = states.committable(tp)
+            if offset is not None and self._should_commit(tp, offset):  # type: ignore[attr-defined]
+                out[tp] = offset
+        return out
+
+
+class FaustStates:
+    """The sketch states attached to one Faust app (``app.grudge_states``): restores on
+    assignment, snapshots on a timer, on revocation and at shutdown, commit limits."""
+
+    TICK_S = 0.5
+
+    def __init__(self, app: faust.App) -> None:
+        if getattr(app, "_consumer", None) is not None:
+            raise RuntimeError("attach sketch states to a Faust app before it starts (its consumer exists)")
+        self.app = app
+        self.states: dict[str, Any] = {}
+        self.topics: set[str] = set()
+        # Per source TP: the offset below which every record was acked by every agent
+        # (from Faust's commit bookkeeping); snapshots cover it.
+        self.acked_end: dict[TP, int] = {}
+        self.started = False
+        self.lock = asyncio.Lock()
+        self.stopping = False
+        self.consumer: Any = None
+        self.revoked_acks: dict[TP, list[int]] = {}
+        _install_consumer(app)
+        app.on_partitions_revoked.connect(self.on_revoked)
+        app.on_before_shutdown.connect(self.on_shutdown)
+        app.timer(self.TICK_S, name="grudge-states-checkpoint")(self.tick)
+
+    def add(self, state) -> None:
+        if state.name in self.states:
+            raise ValueError(f"name: a sketch state named {state.name!r} is already attached to app "
+                             f"{self.app.conf.id!r}")
+        if self.started:
+            raise RuntimeError(f"attach state {state.name!r} before the app starts")
+        state.current_position = lambda: _current_position(state)
+        state.restore_on_demand = lambda p: self.restore_now(state, p)
+        self.states[state.name] = state
+        self.topics.add(state.source_topic)
+
+    def committable(self, tp: TP) -> int | None:
+        """The offset ``tp`` may be committed to: its acked position, clipped to every
+        attached state's newest durable snapshot (None: some state has none yet)."""
+        acked = self.acked_end.get(tp)
+        if acked is None:
+            return None
+        limit = acked
+        for state in self.states.values():
+            if state.source_topic == tp.topic:
+                own = state.commit_limit(tp.partition)
+                if own is None:
+                    return None
+                limit = min(limit, own)
+        return limit
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def on_positioned(self, consumer) -> None:
+        """Every assigned source partition restored before a record of it flows."""
+        self.consumer = consumer
+        if not self.started:
+            for state in self.states.values():
+                await self._run(state.start)
+            self.started = True
+        assignment = consumer.assignment()
+        for state in self.states.values():
+            held = set(state.partitions())
+            new = sorted(tp.partition for tp in assignment
+                         if tp.topic == state.source_topic and tp.partition not in held)
+            if not new:
+                continue
+            positions = await self._run(state.assign, new)
+            for p in new:
+                committed = consumer._committed_offset.get(TP(state.source_topic, p))
+                start = positions.get(p)
+                if committed is not None and start is not None and committed > start:
+                    log.warning("state %s: %s[%d] was committed to %d, past its snapshot's %d: records "
+                                "%d..%d were not applied to the state", state.name, state.source_topic,
+                                p, committed, start, start, committed - 1)
+
+    def restore_now(self, state, partition: int) -> None:
+        """An event of an assigned partition reached an agent before the rebalance hook
+        restored it (Faust can let the first fetch of a worker through before it positions
+        the partitions): restore it now, on the loop. Never for a partition the consumer
+        does not hold."""
+        consumer = self.consumer if self.consumer is not None else self.app.consumer
+        if TP(state.source_topic, partition) not in consumer.assignment():
+            return
+        log.info("state %s: %s[%d] restored on first use", state.name, state.source_topic, partition)
+        state.start()
+        state.assign([partition])
+
+    def _positions(self, state, partitions=None) -> dict[int, int]:
+        """Per partition of ``state``, where the app's agents are done (their acks)."""
+        consumer = self.consumer
+        if consumer is None:
+            return {}
+        out = {}
+        for p in partitions if partitions is not None else state.partitions():
+            tp = TP(state.source_topic, p)
+            pos = consumer.grudge_acked_position(tp, self.revoked_acks.get(tp, ()))
+            if pos is not None:
+                out[p] = pos
+        return out
+
+    async def _checkpoint(self, state, partitions=None, should_stop=None) -> None:
+        core = state.core
+        if core is None or core.no_more_snapshots:
+            return
+        positions = self._positions(state, partitions)
+        for p, o in positions.items():
+            op = core.slots[p].operator if p in core.slots else None
+            if op is not None and (op.next_offset is None or o > op.next_offset):
+                op.next_offset = o
+        taken = core.take_snapshots(partitions)
+        if taken:
+            await self._run(state.write_snapshots, taken, should_stop)
+        core.cadence.done()
+        return positions
+
+    async def tick(self) -> None:
+        """Start a checkpoint round in the background if one is due and none runs (a timer
+        that waits for the writes would overlap itself)."""
+        if not self.started or self.stopping or self.lock.locked():
+            return
+        if any(s.core is not None and s.core.cadence.due() for s in self.states.values()):
+            asyncio.ensure_future(self._round())
+
+    async def _round(self) -> None:
+        async with self.lock:
+            for state in self.states.values():
+                core = state.core
+                if core is None or not core.cadence.due():
+                    continue
+                try:
+                    await self._checkpoint(state)
+                except (CheckpointError, DeliveryError) as exc:
+                    core.round_failed(exc)
+
+    async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
+        """Revoked partitions (the agents are done with them by now): snapshotted, committed
+        as far as the snapshots cover, then let go."""
+        async with self.lock:
+            done = []
+            for state in self.states.values():
+                if state.core is None:
+                    continue
+                parts = sorted(tp.partition for tp in revoked
+                               if tp.topic == state.source_topic and tp.partition in state.core.slots)
+                if not parts:
+                    continue
+                try:
+                    done.append((state, parts, await self._checkpoint(state, parts)))
+                except Exception as exc:  # the partitions go either way; their next owner replays
+                    log.error("state %s: no snapshot on revocation of %s: %s", state.name, parts, exc)
+                    done.append((state, parts, {}))
+            for state, parts, positions in done:
+                try:
+                    await self._commit_revoked(state, positions)
+                except Exception as exc:  # noqa: BLE001 - the next owner starts from the last commit
+                    log.warning("state %s: no commit on revocation of %s: %s", state.name, parts, exc)
+            for state, parts, _ in done:
+                state.revoke(parts, snapshot=False)
+            for tp in revoked:
+                self.acked_end.pop(tp, None)
+            self.revoked_acks = {}
+
+    async def _commit_revoked(self, state, positions: dict[int, int]) -> None:
+        """Commit the revoked partitions as far as every agent got and the snapshots cover:
+        Faust itself does not commit on revocation, so without this the next owner's agents
+        (a Table's among them) would process again what came after the last timed commit."""
+        offsets = {}
+        for p, pos in positions.items():
+            tp = TP(state.source_topic, p)
+            limit = pos
+            for other in self.states.values():
+                if other.source_topic == state.source_topic:
+                    own = other.commit_limit(p)
+                    limit = min(limit, own) if own is not None else -1
+            if limit >= 0 and (self.consumer._committed_offset.get(tp) or 0) < limit:
+                offsets[tp] = limit
+        if offsets:
+            await self.consumer._commit(offsets)
+
+    async def on_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
+        self.stopping = True
+        async with self.lock:
+            for state in self.states.values():
+                if state.core is None:
+                    continue
+                try:
+                    await self._checkpoint(state, should_stop=lambda: True)
+                except Exception as exc:
+                    log.error("state %s: final snapshots not written (%s); the next owner replays from "
+                              "the last snapshot", state.name, exc)
+
+
+def _current_position(state) -> tuple[int, int, int]:
+    """(partition, offset, timestamp ms) of the Faust event being processed."""
+    event = faust.current_event()
+    if event is None:
+        raise TypeError(f"state {state.name!r} was called outside a Faust agent's event: pass partition, "
+                        "offset and timestamp_ms")
+    m = event.message
+    if m.topic != state.source_topic:
+        raise ValueError(f"state {state.name!r} is bound to topic {state.source_topic!r}, but the event "
+                         f"being processed is of {m.topic!r}")
+    return m.partition, m.offset, int(round(m.timestamp * 1000))
+
+
+def _install_consumer(app: faust.App) -> None:
+    """Make the app's transport build consumers with ``EmbeddedStateConsumer`` mixed in."""
+
+    def mixed(transport):
+        base = transport.Consumer
+        if not issubclass(base, EmbeddedStateConsumer):
+            transport.Consumer = type(f"Grudge{base.__name__}", (EmbeddedStateConsumer, base), {})
+        return transport
+
+    if getattr(app, "_transport", None) is not None:
+        mixed(app._transport)
+        return
+    new_transport = app._new_transport
+    app._new_transport = lambda: mixed(new_transport())  # type: ignore[method-assign]
+
+
+def attach(app: faust.App, state):
+    """Attach ``state`` (a ``grudge_stream.state.SketchState``) to ``app``; returns it."""
+    states = getattr(app, "grudge_states", None)
+    if states is None:
+        states = app.grudge_states = FaustStates(app)  # type: ignore[attr-defined]
+    states.add(state)
+    return state

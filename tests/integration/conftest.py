@@ -8,6 +8,7 @@ running the same operators in-process over the records read back from Kafka.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -18,16 +19,17 @@ import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from grudge_devkafka import free_port
 from grudge_stream.checkpoint import CheckpointStore
 from grudge_stream.operators.records import SourceRecord
-from grudge_stream.topics import ensure_topology_topics
+from grudge_stream.topics import create_topics, ensure_topology_topics
 from grudge_stream.topology import Settings, load_topology
 
 
@@ -273,3 +275,241 @@ def harness(kafka_bootstrap, tmp_path):
     yield make
     for h in made:
         h.close()
+
+
+# -- embedded state: the example apps of examples/ ---------------------------------------------
+
+def embedded_events(n: int, seed: int, abusers: int, users: int) -> list[tuple[bytes, bytes, int]]:
+    """(key, value, timestamp_ms): planted abusers (mostly "bad") among many good users; event
+    time from ten minutes ago, a few ms apart, so abusers raise, go quiet and clear."""
+    rnd = random.Random(seed)
+    t = (time.time_ns() // 1_000_000 - 600_000) // 1000 * 1000
+    out = []
+    for i in range(n):
+        t += rnd.randint(0, 12)
+        quiet = i > n * 2 // 3  # the abusers stop for the last third: they clear
+        if rnd.random() < 0.1 and not quiet:
+            key, bad = f"abuser-{rnd.randrange(abusers)}", rnd.random() < 0.9
+        else:
+            key, bad = f"user-{rnd.randrange(users)}", rnd.random() < 0.03
+        out.append((key.encode(), b'{"outcome":"bad"}' if bad else b'{"outcome":"good"}', t))
+    return out
+
+
+
+class ExampleApp:
+    """One run of an example app (a script of examples/) as a child process."""
+
+    def __init__(self, script: Path, args: list[str], env: dict, tmp: Path, name: str) -> None:
+        self.log_path = tmp / f"{name}.log"
+        datadir = tmp / f"{name}-data"
+        datadir.mkdir(exist_ok=True)
+        env = {**env, "EXAMPLE_DATADIR": str(datadir)}
+        port = str(free_port())
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, str(script), *[a.replace("{port}", port) for a in args]],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(tmp))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"app ignored SIGTERM; log: {self.log()[-3000:]}")
+
+
+class EmbeddedScenario:
+    """An example app that embeds a ``ScoreState`` named ``<app>-abuse`` (``abuse`` in the
+    module), its source topic, traffic, and the comparison with an uninterrupted replay
+    (tests/integration/test_embedded_*.py)."""
+
+    PARTITIONS = 4
+    events = staticmethod(embedded_events)
+
+    def __init__(self, bootstrap: str, tmp: Path, script: Path, args: list[str], table: str | None) -> None:
+        self.bootstrap, self.tmp = bootstrap, tmp
+        self.script, self.args, self.table = script, args, table
+        self.app_id = f"guard-{uuid.uuid4().hex[:8]}"
+        self.source = f"{self.app_id}-logins"
+        self.env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "GRUDGE_SEED": secrets.token_hex(16),
+                    "EXAMPLE_APP_ID": self.app_id, "EXAMPLE_SOURCE": self.source,
+                    "EXAMPLE_PARTITIONS": str(self.PARTITIONS)}
+        self.env.pop("PYTHONPATH", None)
+        create_topics(bootstrap, {self.source: (self.PARTITIONS, {})})
+        self.example = self._load_example()
+        self.state = self.example.abuse
+        self.apps: list[ExampleApp] = []
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+
+    def _load_example(self):
+        """The example module itself (its state's config is the reference's)."""
+        saved = dict(os.environ)
+        os.environ.update({k: v for k, v in self.env.items() if k.startswith(("EXAMPLE_", "GRUDGE_SEED"))})
+        os.environ["EXAMPLE_DATADIR"] = str(self.tmp / "reference-data")
+        try:
+            spec = importlib.util.spec_from_file_location(f"example_{self.app_id.replace('-', '_')}", self.script)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def start(self, name: str) -> ExampleApp:
+        app = ExampleApp(self.script, self.args, self.env, self.tmp, name)
+        self.apps.append(app)
+        return app
+
+    def produce(self, events) -> None:
+        for key, value, ts in events:
+            self.producer.produce(self.source, key=key, value=value, timestamp=ts)
+            self.producer.poll(0)
+        self.producer.flush(30)
+
+    def produce_slowly(self, events, seconds: float) -> threading.Thread:
+        def run() -> None:
+            step = max(1, len(events) // 50)
+            for i in range(0, len(events), step):
+                self.produce(events[i:i + step])
+                time.sleep(seconds / 50)
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "embedded-wm"})
+        try:
+            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                    for p in range(self.PARTITIONS)}
+        finally:
+            c.close()
+
+    def committed(self) -> dict[int, int]:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        fut = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(self.app_id)])
+        res = list(fut.values())[0].result(30)
+        return {tp.partition: tp.offset for tp in res.topic_partitions if tp.topic == self.source}
+
+    def wait_snapshot_progress(self, timeout: float = 60) -> None:
+        """Until some partition has a snapshot past offset 0 (the app is mid-stream)."""
+        store = CheckpointStore(self.bootstrap, self.state.snapshot_topic)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in range(self.PARTITIONS):
+                try:
+                    m = store.read_manifest(self.state.operator_id, p)
+                except Exception:  # noqa: BLE001 - the topic may not exist yet
+                    m = None
+                if m is not None and m.current.next_offset:
+                    return
+            time.sleep(0.3)
+        raise AssertionError("no snapshot appeared; logs: " + "\n".join(a.log()[-3000:] for a in self.apps))
+
+    def wait_done(self, timeout: float = 150) -> None:
+        """Until the group's offsets and every partition's snapshot reach the topic's end."""
+        ends = self.end_offsets(self.source)
+        store = CheckpointStore(self.bootstrap, self.state.snapshot_topic)
+        deadline = time.monotonic() + timeout
+        while True:
+            committed = self.committed()
+            snaps = {}
+            for p in range(self.PARTITIONS):
+                m = store.read_manifest(self.state.operator_id, p)
+                snaps[p] = m.current.next_offset if m else None
+            if all(committed.get(p) == ends[p] and snaps[p] == ends[p] for p in range(self.PARTITIONS)):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not caught up: committed {committed}, snapshots {snaps}, ends {ends}\n"
+                                     + "\n".join(a.log()[-3000:] for a in self.apps))
+            time.sleep(0.5)
+
+    def read_all(self, topic: str) -> list:
+        ends = self.end_offsets(topic)
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False, "fetch.queue.backoff.ms": 1})
+        c.assign([TopicPartition(topic, p, 0) for p in range(self.PARTITIONS) if ends[p]])
+        got, deadline = [], time.monotonic() + 60
+        try:
+            while sum(1 for _ in got) < sum(ends.values()):
+                got.extend(m for m in c.consume(1000, timeout=0.5) if not m.error())
+                assert time.monotonic() < deadline, f"timed out reading {topic}"
+        finally:
+            c.close()
+        return got
+
+    def check(self) -> dict:
+        """Compare the app's outputs and state with an uninterrupted replay; the figures."""
+        records = defaultdict(list)
+        for m in self.read_all(self.source):
+            records[m.partition()].append(m)
+        truth = Counter()
+        ref_alerts: dict[str, bytes] = {}
+        store = CheckpointStore(self.bootstrap, self.state.snapshot_topic)
+        divergent_state = []
+        for p in range(self.PARTITIONS):
+            op = self.state.topology.make_operator(p)
+            for m in sorted(records[p], key=lambda m: m.offset()):
+                truth[m.key()] += 1
+                outcome = self.example.outcome_of(m.value())
+                if outcome is None or not m.key():
+                    continue
+                out = op.apply_event(m.key(), self.example.DELTAS[outcome], offset=m.offset(),
+                                     timestamp_ms=m.timestamp()[1])
+                for o in out or ():
+                    if o.role == "alerts":
+                        ref_alerts[json.loads(o.value)["alert_id"]] = o.value
+            op.next_offset = max(m.offset() for m in records[p]) + 1
+            got = self.state.topology.make_operator(p)
+            res = store.restore(self.state.operator_id, p, accept=lambda ref, blob: None)
+            assert res.blob is not None, f"no snapshot of partition {p}"
+            got.restore(res.blob)
+            if got.snapshot() != op.snapshot():
+                divergent_state.append(p)
+        seen: dict[str, set] = defaultdict(set)
+        for m in self.read_all(self.state.outputs["alerts"]):
+            seen[json.loads(m.value())["alert_id"]].add(m.value())
+        lost = set(ref_alerts) - set(seen)
+        extra = set(seen) - set(ref_alerts)
+        differing = [a for a, vals in seen.items() if a in ref_alerts and vals != {ref_alerts[a]}]
+        dropped: dict = {}
+        excess = 0
+        if self.table:
+            # A Faust Table agent beside the state: the last changelog value per key.
+            table: dict[bytes, int] = {}
+            for m in self.read_all(f"{self.app_id}-{self.table}-changelog"):
+                table[m.key()] = json.loads(m.value())
+            dropped = {k: (table.get(k, 0), n) for k, n in truth.items() if table.get(k, 0) < n}
+            excess = sum(max(0, table.get(k, 0) - n) for k, n in truth.items())
+        return {"alerts": len(ref_alerts), "lost": lost, "extra": extra, "differing": differing,
+                "divergent_state": divergent_state, "dropped": dropped, "table_excess": excess,
+                "committed": self.committed(), "ends": self.end_offsets(self.source),
+                "raised": sum(1 for v in ref_alerts.values() if b'"raised"' in v)}
+
+    def close(self) -> None:
+        for a in self.apps:
+            if a.proc.poll() is None:
+                a.proc.kill()
+                a.proc.wait(10)
+
+
+@pytest.fixture
+def embedded(kafka_bootstrap, tmp_path):
+    """``embedded(script, args, table=None)``: an ``EmbeddedScenario`` of an example app."""
+    made: list[EmbeddedScenario] = []
+
+    def make(script: Path, args: list[str], table: str | None = None) -> EmbeddedScenario:
+        s = EmbeddedScenario(kafka_bootstrap, tmp_path, script, args, table)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()

@@ -1,0 +1,97 @@
+"""The worker core under embedded state (``grudge_stream.state``): a caller's own loop.
+
+The core's restore rules, slots, checkpoint round and commit limits, with the
+partition count and low watermarks asked of the cluster with confluent-kafka, and
+snapshots that can be taken at a batch boundary and written later
+(``take_snapshots`` / ``write_taken``), so an event loop never waits on the broker.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as CKTopicPartition
+from confluent_kafka.admin import AdminClient
+
+from grudge_stream.checkpoint import SnapshotWrite, watermarks
+from grudge_stream.exceptions import ConfigError
+from grudge_stream.operators.records import OutputRecord
+from grudge_stream.partitions import snapshot_write
+from grudge_stream.runtime.core import WorkerCore
+from grudge_stream.settings import Settings
+from grudge_stream.topology import Topology
+
+log = logging.getLogger("grudge_stream.state")
+
+
+def ensure_topics(topology: Topology, settings: Settings, bootstrap_servers: str | None,
+                  client_properties: dict) -> None:
+    """The state's snapshot and output topics, created with the source's partition count if
+    missing (the source topic must exist)."""
+    from grudge_stream.kafkaconf import client_config
+    from grudge_stream.topics import ensure_topology_topics
+
+    bootstrap = bootstrap_servers or settings.bootstrap_servers
+    ensure_topology_topics(topology, bootstrap,
+                           client_config={**client_config(settings, bootstrap), **client_properties})
+
+
+class EmbeddedCore(WorkerCore):
+    runtime = "embedded"
+    log = log
+
+    def __init__(self, topology: Topology, settings: Settings, *, bootstrap_servers: str | None = None,
+                 client_config: dict | None = None) -> None:
+        super().__init__(topology, settings, bootstrap_servers=bootstrap_servers,
+                         client_properties=client_config)
+
+    def _topic_partition_count(self) -> int:
+        admin = AdminClient({**self.client_config, "log_level": 3})
+        md = admin.list_topics(topic=self.topic, timeout=30)
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            raise ConfigError(f"source topic {self.topic!r} of state {self.topology.name!r} does not exist")
+        return len(t.partitions)
+
+    def _low_watermark(self, partition: int) -> int:
+        c = Consumer({**self.client_config, "group.id": "grudge-watermarks"})
+        try:
+            low, _ = watermarks(c, CKTopicPartition(self.topic, partition))
+            return low
+        finally:
+            c.close()
+
+    def publish(self, outputs: list[OutputRecord]) -> None:
+        self.publisher.publish(outputs)
+
+    def take_snapshots(self, partitions=None) -> list[SnapshotWrite]:
+        """Serialize every changed slot of ``partitions`` (default: all) now."""
+        return [snapshot_write(slot) for slot in self.dirty(partitions)]
+
+    def write_taken(self, taken: list[SnapshotWrite], should_stop: Callable[[], bool] | None) -> dict[int, int]:
+        """Outputs delivered, then ``taken`` written; commit limits raised to them."""
+        slots = [self.slots[w.partition] for w in taken if w.partition in self.slots]
+        if len(slots) != len(taken):
+            taken = [w for w in taken if w.partition in self.slots]
+        if not taken:
+            return {}
+        if should_stop is not None:
+            self.stopping_check = should_stop
+        offsets = self.write_snapshots(slots, taken)
+        self.checkpointed(offsets)
+        return offsets
+
+    stopping_check: Callable[[], bool] | None = None
+
+    def is_stopping(self) -> bool:
+        return bool(self.stopping_check and self.stopping_check())
+
+    def close(self) -> None:
+        try:
+            self.publisher.flush(should_stop=lambda: True)
+        finally:
+            self.store.close()
+            producer = getattr(self.publisher, "producer", None)
+            if producer is not None:
+                producer.flush(0)

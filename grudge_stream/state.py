@@ -1,0 +1,502 @@
+"""Sketch-backed state for your own stream processor: the embedding API.
+
+A ``SketchState`` is what a Faust Table is to a dict: per-key state of one source
+topic, split by its partitions, that your code reads and updates per event, and
+that grudge-stream snapshots, restores and publishes for you. Unlike a table it
+never grows: each partition holds one fixed-size sketch, whatever the number of
+keys, and forgets on its own.
+
+Four kinds, one per sketch family:
+
+- ``ScoreState``: decaying feedback scores (``update``), single or split-sign, with
+  alerts when a key's score crosses ``raise_at`` (and clears at ``clear_at``);
+- ``RateLimitState``: token buckets (``try_update``);
+- ``HeavyHitterState``: decayed counts with top-k (``add``, ``top``) and alerts;
+- ``ForgettingSetState``: a set that forgets (``add_if_absent``).
+
+Each event is applied at its partition's event time (the watermark), exactly as the
+shipped topologies apply records, so a replay of the same events gives the same
+state byte for byte. Driving it (docs/embedding.md):
+
+- **Faust**: ``grudge_stream.faust.attach(app, state)`` — restore on assignment,
+  snapshots on a timer, on revocation and at shutdown, commits that never pass a
+  snapshot; your agents call ``state.update(key, delta)`` and the event's
+  partition, offset and timestamp come from the event being processed.
+- **Your own loop** (confluent-kafka or any other): ``start()``, ``assign(partitions)``
+  in your assignment callback (seek each partition to the offset it returns),
+  ``update(..., partition=, offset=, timestamp_ms=)`` per event, ``checkpoint()``
+  whenever you want to commit (commit exactly the offsets it returns), ``revoke``,
+  ``close``. ``examples/own_loop.py`` is a complete one.
+
+What is guaranteed: a snapshot never covers an output (alert, decision) that was not
+delivered; the state a restore rebuilds, once the records after its snapshot are
+applied again, is byte-identical to a run that never stopped; events below a
+restored snapshot's offset are skipped, so nothing is counted twice.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+from grudge_stream.checkpoint import SnapshotWrite
+from grudge_stream.exceptions import ConfigError, GrudgeError
+from grudge_stream.hashkey import HashKey
+from grudge_stream.operators.base import Operator
+from grudge_stream.operators.codec import EventCodec
+from grudge_stream.operators.records import OutputRecord
+from grudge_stream.settings import Settings
+from grudge_stream.topology import Topology
+
+__all__ = [
+    "SketchState", "ScoreState", "RateLimitState", "HeavyHitterState", "ForgettingSetState",
+    "StateNotReady",
+]
+
+log = logging.getLogger("grudge_stream.state")
+
+
+class StateNotReady(GrudgeError, RuntimeError):
+    """The state holds no restored sketch for the partition asked for: used before its
+    runtime started, before the partition was assigned, or after it was revoked."""
+
+
+def _key_bytes(key: Any) -> bytes:
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, (bytearray, memoryview)):
+        return bytes(key)
+    raise TypeError(f"key must be bytes or str, not {type(key).__name__}")
+
+
+def _int_arg(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, not {v}")
+    return v
+
+
+class SketchState:
+    """Sketch-backed state of one source topic, one operator per partition (see the module
+    docstring). Build one of the kinds below rather than this base.
+
+    Common arguments:
+
+    - ``name``: the state's name: its operator id, and the default of its topic names;
+      unique per app (``<name>-snapshots``, ``<name>-dead-letters``);
+    - ``source_topic``: the topic whose partitions split the state (its events must be
+      keyed by the state's key, as Kafka's default partitioner places them);
+    - ``hash_key``: the secret 128-bit SipHash key (``grudge_stream.hashkey.HashKey``),
+      required when the keys come from the public (docs/security.md); ``None`` only
+      with ``public_keys=False``;
+    - ``snapshot_topic``, ``dead_letter_topic``: override the derived names;
+    - ``bootstrap_servers``, ``client_config``: the cluster (confluent-kafka properties
+      such as SASL and TLS); default ``KAFKA_BOOTSTRAP_SERVERS``;
+    - ``checkpoint_interval_s``: how often the Faust binding snapshots (a loop of your
+      own decides itself when to call ``checkpoint``).
+    """
+
+    kind = "state"
+
+    def __init__(self, name: str, *, source_topic: str, make_operator: Callable[[int], Operator],
+                 operator_id: str, outputs: Mapping[str, str | None],
+                 snapshot_topic: str | None = None, dead_letter_topic: str | None = None,
+                 bootstrap_servers: str | None = None, client_config: Mapping[str, Any] | None = None,
+                 checkpoint_interval_s: float = 5.0, settings: Settings | None = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("name must be a non-empty string")
+        if not isinstance(source_topic, str) or not source_topic:
+            raise ValueError("source_topic must be a non-empty string")
+        if not (checkpoint_interval_s > 0):
+            raise ValueError(f"checkpoint_interval_s must be > 0, not {checkpoint_interval_s!r}")
+        self.name = name
+        self.source_topic = source_topic
+        outs = {role: topic for role, topic in outputs.items() if topic}
+        outs["dead_letters"] = dead_letter_topic or f"{name}-dead-letters"
+        self.topology = Topology(
+            name=name, source_topic=source_topic, make_operator=make_operator, outputs=outs,
+            snapshot_topic=snapshot_topic or f"{name}-snapshots",
+            checkpoint_interval_s=float(checkpoint_interval_s), restore_fallback="replay",
+            description=f"embedded {self.kind} state", app_id=f"grudge-embedded-{name}",
+            overrides_topic=None, operator_id=operator_id)
+        self._settings = settings or Settings()
+        self._bootstrap = bootstrap_servers
+        self._client_config = dict(client_config or {})
+        self.core: Any = None
+        # Restores and start-up run in a runtime's executor threads and, on first use, on its
+        # event loop: one at a time.
+        self._lock = threading.RLock()
+        # Set by a runtime binding (grudge_stream.faust): where the current event comes from
+        # when update() is called without partition/offset/timestamp_ms, and how a partition
+        # the runtime has assigned but not yet restored is restored on first use.
+        self.current_position: Callable[[], tuple[int, int, int]] | None = None
+        self.restore_on_demand: Callable[[int], None] | None = None
+
+    # -- identity -------------------------------------------------------------------------------
+
+    @property
+    def operator_id(self) -> str:
+        return self.topology.operator_id
+
+    @property
+    def snapshot_topic(self) -> str:
+        return self.topology.snapshot_topic
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """Output role -> topic (alerts, alert_state, dead_letters, ...)."""
+        return dict(self.topology.outputs)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, *, create_topics: bool = True) -> "SketchState":
+        """Connect (blocking): create the snapshot and output topics if missing (with the
+        source's partition count), and the producer and snapshot store."""
+        from grudge_stream.runtime.embedded import EmbeddedCore, ensure_topics
+
+        with self._lock:
+            if self.core is not None:
+                return self
+            if create_topics:
+                ensure_topics(self.topology, self._settings, self._bootstrap, self._client_config)
+            self.core = EmbeddedCore(self.topology, self._settings, bootstrap_servers=self._bootstrap,
+                                     client_config=self._client_config)
+        return self
+
+    def _core(self):
+        if self.core is None:
+            raise StateNotReady(f"state {self.name!r} is not started: call start() (or attach it to a "
+                                "Faust app, which starts it) before using it")
+        return self.core
+
+    def assign(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        """Restore ``partitions`` from their newest usable snapshots (blocking). Returns, per
+        partition, the offset to consume from (the snapshot's next offset; for a partition
+        without one, the earliest retained offset if it was replayed, else None: wherever
+        your consumer stands). Already assigned partitions keep their state."""
+        core = self._core()
+        out: dict[int, int | None] = {}
+        for p in partitions:
+            p = _int_arg("partition", p)
+            with self._lock:
+                slot = core.slots.get(p)
+                if slot is None:
+                    outcome = core.restore(p)
+                    slot = core.adopt(p, outcome)
+                    core.assigned.add(p)
+            out[p] = slot.operator.next_offset
+        core.record_assignment()
+        return out
+
+    def partitions(self) -> list[int]:
+        """The partitions this state holds restored."""
+        return sorted(self.core.slots) if self.core is not None else []
+
+    def operator(self, partition: int) -> Operator:
+        """The operator (sketch and latch) of an assigned partition."""
+        core = self.core
+        slot = core.slots.get(partition) if core is not None else None
+        if slot is None and self.restore_on_demand is not None:
+            self.restore_on_demand(partition)
+            core = self.core
+            slot = core.slots.get(partition) if core is not None else None
+        core = self._core()
+        if slot is None:
+            raise StateNotReady(
+                f"state {self.name!r} holds no restored partition {partition} of {self.source_topic!r} "
+                f"(held: {sorted(core.slots)}); it is used before its partition was assigned "
+                "and restored, or after it was revoked")
+        return slot.operator
+
+    def take_snapshots(self, positions: Mapping[int, int] | None = None) -> list[SnapshotWrite]:
+        """The snapshots of every partition changed since its last one, serialized now (call
+        it where no event is being applied: a batch boundary). ``positions``: per partition,
+        an offset every record below which your code has finished with (a consumer's
+        processed position); the snapshot then covers them even if none changed the state."""
+        core = self._core()
+        if positions:
+            for p, pos in positions.items():
+                slot = core.slots.get(p)
+                if slot is not None and pos is not None:
+                    op = slot.operator
+                    if op.next_offset is None or pos > op.next_offset:
+                        op.next_offset = pos
+        return core.take_snapshots()
+
+    def write_snapshots(self, taken: list[SnapshotWrite], should_stop: Callable[[], bool] | None = None
+                        ) -> dict[int, int]:
+        """Deliver every output produced so far, then write ``taken`` (blocking: run it off
+        an event loop). Returns the offsets now safe to commit, per partition."""
+        return self._core().write_taken(taken, should_stop)
+
+    def checkpoint(self, positions: Mapping[int, int] | None = None) -> dict[int, int]:
+        """``take_snapshots`` then ``write_snapshots``: the offsets safe to commit (every
+        partition held, up to its newest durable snapshot)."""
+        core = self._core()
+        self.write_snapshots(self.take_snapshots(positions))
+        return {p: o for p, o in core.commit_limits.items() if p in core.slots}
+
+    def commit_limit(self, partition: int) -> int | None:
+        """The offset a commit of ``partition`` must not pass (its newest durable snapshot)."""
+        return self.core.commit_limits.get(partition) if self.core is not None else None
+
+    def revoke(self, partitions: Iterable[int], *, snapshot: bool = True) -> None:
+        """Let ``partitions`` go, with a last snapshot of each first (unless ``snapshot``
+        is false, when a snapshot could cover outputs that are lost)."""
+        core = self._core()
+        parts = [p for p in partitions if p in core.slots]
+        if snapshot and parts:
+            try:
+                core.write_taken(core.take_snapshots(parts), None)
+            except Exception as exc:  # noqa: BLE001 - they go either way; the next owner replays
+                log.error("no snapshot on revocation of %s %s: %s", self.name, parts, exc)
+        core.release(parts)
+        core.record_assignment()
+
+    def close(self, *, snapshot: bool = True) -> None:
+        """A last snapshot of every partition (unless ``snapshot`` is false), outputs
+        delivered, clients closed."""
+        core = self.core
+        if core is None:
+            return
+        try:
+            if snapshot and core.slots:
+                core.write_taken(core.take_snapshots(), lambda: True)
+        finally:
+            core.close()
+            self.core = None
+
+    # -- per event ------------------------------------------------------------------------------
+
+    def _position(self, partition, offset, timestamp_ms) -> tuple[int, int, int]:
+        if partition is None and offset is None and timestamp_ms is None:
+            if self.current_position is None:
+                raise TypeError("partition, offset and timestamp_ms are required outside a Faust agent")
+            return self.current_position()
+        if partition is None or offset is None or timestamp_ms is None:
+            raise TypeError("give partition, offset and timestamp_ms together (or none, inside a Faust agent)")
+        return _int_arg("partition", partition), _int_arg("offset", offset), _int_arg("timestamp_ms", timestamp_ms)
+
+    def apply(self, key: Any, value: Any, *, partition: int | None = None, offset: int | None = None,
+              timestamp_ms: int | None = None) -> Any:
+        """Apply one event and publish its outputs; what the operator computed for it (the
+        kinds' methods name it), or None when the event was already reflected in the state
+        (below a restored snapshot's offset) or dead-lettered for its time."""
+        k = _key_bytes(key)
+        p, o, t = self._position(partition, offset, timestamp_ms)
+        op = self.operator(p)
+        out = op.apply_event(k, value, offset=o, timestamp_ms=t)
+        if out is None:
+            return None
+        if out:
+            self.core.publish(out)
+        return op.result
+
+    def apply_many(self, events: Iterable[tuple[Any, Any, int, int, int]]) -> list[Any]:
+        """``apply`` over ``(key, value, partition, offset, timestamp_ms)`` tuples, outputs
+        published once for the batch; the results in order."""
+        results = []
+        outputs: list[OutputRecord] = []
+        for key, value, p, o, t in events:
+            op = self.operator(_int_arg("partition", p))
+            out = op.apply_event(_key_bytes(key), value, offset=_int_arg("offset", o),
+                                 timestamp_ms=_int_arg("timestamp_ms", t))
+            if out is None:
+                results.append(None)
+                continue
+            outputs.extend(out)
+            results.append(op.result)
+        if outputs:
+            self.core.publish(outputs)
+        return results
+
+    def describe(self, key: Any, partition: int) -> dict:
+        """The key's current state in ``partition`` (score, raised, ...), read at the
+        partition's watermark without changing anything."""
+        return self.operator(partition).describe_key(_key_bytes(key))
+
+
+class ScoreState(SketchState):
+    """Decaying feedback scores per key (``ScoreSketch``; ``score_mode="split"``: punishment
+    and forgiveness apart, so colliding keys' forgiveness cannot hide an abuser), with an
+    alert latch: a key is raised at ``raise_at`` and cleared at ``clear_at``.
+
+    ``update(key, delta)`` adds ``delta`` at the event's time and returns the new score.
+    Alerts go to ``alerts_topic`` (and the raised set to ``<alerts_topic>-state``, which
+    ``grudge_stream.client.AlertView`` follows); ``scores_topic`` gets score records on
+    crossings (``emit_scores``)."""
+
+    kind = "scores"
+
+    def __init__(self, name: str, *, source_topic: str, sketch: Any, raise_at: float, clear_at: float,
+                 hash_key: HashKey | None, alerts_topic: str | None = None, scores_topic: str | None = None,
+                 score_mode: str = "split", emit_scores: str = "crossings", latch_capacity: int | None = None,
+                 sweep_interval_ms: int = 10_000, max_future_ms: int | str | None = "auto",
+                 max_late_ms: int | str | None = "auto", public_keys: bool = True, **kw: Any) -> None:
+        from grudge_stream.operators.alerts import LATCH_CAPACITY
+        from grudge_stream.operators.scores import FeedbackScoreOperator
+
+        common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
+        codec = EventCodec(value_field="delta")
+        policy = dict(raise_at=raise_at, clear_at=clear_at, emit_scores=emit_scores, score_mode=score_mode,
+                      latch_capacity=LATCH_CAPACITY if latch_capacity is None else latch_capacity,
+                      sweep_interval_ms=sweep_interval_ms)
+
+        def make_operator(partition: int) -> FeedbackScoreOperator:
+            return FeedbackScoreOperator(operator_id=name, source_topic=source_topic, partition=partition,
+                                         sketch=sketch, codec=codec, **policy, **common)
+
+        _check_config(make_operator)
+        alerts = alerts_topic or f"{name}-alerts"
+        super().__init__(name, source_topic=source_topic, make_operator=make_operator, operator_id=name,
+                         outputs={"alerts": alerts, "scores": scores_topic}, **kw)
+
+    def update(self, key: Any, delta: float, *, partition: int | None = None, offset: int | None = None,
+               timestamp_ms: int | None = None) -> float | None:
+        """Add ``delta`` to ``key``'s score at the event's time; the new score (None: the
+        event was already reflected, or refused for its time)."""
+        return self.apply(key, delta, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+
+    def score(self, key: Any, partition: int) -> float:
+        return float(self.describe(key, partition)["score"])
+
+    def raised(self, key: Any, partition: int) -> bool:
+        return _key_bytes(key) in self.operator(partition).latch
+
+
+class RateLimitState(SketchState):
+    """Token buckets per key (``TokenBucketConfig``: ``rate_per_s``, ``burst``):
+    ``try_update(key, cost)`` spends ``cost`` tokens if the key has them and returns
+    ``(allowed, retry_after_ms)``. Decisions go to ``decisions_topic`` if one is given."""
+
+    kind = "rate_limit"
+
+    def __init__(self, name: str, *, source_topic: str, bucket: Any, hash_key: HashKey | None,
+                 decisions_topic: str | None = None, emit: str = "all",
+                 max_future_ms: int | str | None = "auto", max_late_ms: int | str | None = "auto",
+                 public_keys: bool = True, **kw: Any) -> None:
+        from grudge_stream.operators.ratelimit import RateLimitOperator
+
+        common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
+        codec = EventCodec(value_field="cost")
+
+        def make_operator(partition: int) -> RateLimitOperator:
+            return RateLimitOperator(operator_id=name, source_topic=source_topic, partition=partition,
+                                     bucket=bucket, codec=codec, emit=emit, request_id_field=None,
+                                     request_id_header=None, **common)
+
+        _check_config(make_operator)
+        super().__init__(name, source_topic=source_topic, make_operator=make_operator, operator_id=name,
+                         outputs={"decisions": decisions_topic}, **kw)
+
+    def try_update(self, key: Any, cost: float = 1.0, *, partition: int | None = None,
+                   offset: int | None = None, timestamp_ms: int | None = None) -> tuple[bool, int | None] | None:
+        """Spend ``cost`` tokens of ``key``'s bucket if it has them: ``(allowed,
+        retry_after_ms)`` (None: the event was already reflected, or refused for its time)."""
+        return self.apply(key, cost, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+
+
+class HeavyHitterState(SketchState):
+    """Decayed counts per key (``DecayingCountMin``, ``CountMinConfig``) with top-k and an
+    alert latch on the estimate: ``add(key, count)`` returns the key's estimate."""
+
+    kind = "heavy_hitters"
+
+    def __init__(self, name: str, *, source_topic: str, sketch: Any, raise_at: float, clear_at: float,
+                 hash_key: HashKey | None, top_k: int = 100, alerts_topic: str | None = None,
+                 reports_topic: str | None = None, report_interval_ms: int = 10_000,
+                 max_future_ms: int | str | None = "auto", max_late_ms: int | str | None = "auto",
+                 public_keys: bool = True, **kw: Any) -> None:
+        from grudge_stream.operators.heavy import HeavyHitterOperator
+
+        common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
+        codec = EventCodec(value_field="count")
+
+        def make_operator(partition: int) -> HeavyHitterOperator:
+            return HeavyHitterOperator(operator_id=name, source_topic=source_topic, partition=partition,
+                                       sketch=sketch, codec=codec, raise_at=raise_at, clear_at=clear_at,
+                                       top_k=top_k, report_interval_ms=report_interval_ms, **common)
+
+        _check_config(make_operator)
+        super().__init__(name, source_topic=source_topic, make_operator=make_operator, operator_id=name,
+                         outputs={"alerts": alerts_topic or f"{name}-alerts", "reports": reports_topic}, **kw)
+
+    def add(self, key: Any, count: int = 1, *, partition: int | None = None, offset: int | None = None,
+            timestamp_ms: int | None = None) -> int | None:
+        """Count ``key`` ``count`` times at the event's time; its estimate."""
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count must be an int, not {type(count).__name__}")
+        est = self.apply(key, count, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+        return None if est is None else int(est)
+
+    def top(self, partition: int, k: int | None = None) -> list[tuple[bytes, int]]:
+        """The partition's heaviest keys at its watermark, heaviest first."""
+        op = self.operator(partition)
+        if op.watermark is None:
+            return []
+        return [(key, int(est)) for key, est in op.sketch.top(k or op.top_k, now_ms=op.watermark)]
+
+
+class ForgettingSetState(SketchState):
+    """A set that forgets (``ForgettingBloom``, ``BloomConfig``): ``add_if_absent(key)``
+    returns True the first time a key is seen inside the window (false positives
+    possible: a new key may be taken for a known one, at the configured rate)."""
+
+    kind = "forgetting_set"
+
+    def __init__(self, name: str, *, source_topic: str, bloom: Any, hash_key: HashKey | None,
+                 max_future_ms: int | str | None = "auto", max_late_ms: int | str | None = "auto",
+                 public_keys: bool = True, **kw: Any) -> None:
+        from grudge_stream.operators.dedup import DedupOperator
+
+        common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
+        codec = EventCodec(encoding="raw")
+
+        def make_operator(partition: int) -> DedupOperator:
+            return DedupOperator(operator_id=name, source_topic=source_topic, partition=partition,
+                                 bloom=bloom, codec=codec, **common)
+
+        _check_config(make_operator)
+        super().__init__(name, source_topic=source_topic, make_operator=make_operator, operator_id=name,
+                         outputs={}, **kw)
+
+    def add_if_absent(self, key: Any, *, partition: int | None = None, offset: int | None = None,
+                      timestamp_ms: int | None = None) -> bool | None:
+        """Add ``key``; True if it was not in the set (None: the event was already reflected)."""
+        return self.apply(key, None, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+
+    def contains(self, key: Any, partition: int) -> bool:
+        return bool(self.describe(key, partition)["seen"])
+
+
+def _common(name: str, source_topic: str, hash_key: HashKey | None, public_keys: bool, max_future_ms,
+            max_late_ms) -> dict:
+    """The operator arguments every kind takes, checked before anything is built."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, not {name!r}")
+    if not isinstance(source_topic, str) or not source_topic:
+        raise ValueError(f"source_topic must be a non-empty string, not {source_topic!r}")
+    if hash_key is not None and not isinstance(hash_key, HashKey):
+        raise TypeError(f"hash_key must be a grudge_stream.hashkey.HashKey, not {type(hash_key).__name__}")
+    if hash_key is None and public_keys:
+        raise ConfigError(
+            f"state {name!r} needs a secret hash_key: its keys come from the public, and with a known "
+            "key anyone can frame a key or hide one (docs/security.md). Pass "
+            "hash_key=HashKey.parse(<32 hex digits>), or public_keys=False for keys you choose yourself")
+    return {"hash_key": hash_key, "max_future_ms": max_future_ms, "max_late_ms": max_late_ms}
+
+
+def _check_config(make_operator: Callable[[int], Operator]) -> None:
+    """Build one operator now, so a bad config is refused where the state is declared.
+    (A one-off cost at declaration, as a sketch's size; reading the state's names later
+    builds nothing.)"""
+    try:
+        make_operator(0)
+    except ValueError as exc:
+        if "siphash" in str(exc):
+            raise ConfigError("the sketch config's hasher must be 'siphash' when a hash_key is given "
+                              "(hasher=\"siphash\")") from None
+        raise

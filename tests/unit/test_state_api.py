@@ -1,0 +1,216 @@
+"""The embedding API (grudge_stream.state, grudge_stream.faust) without a broker: arguments,
+refusals that change nothing, and per-event application equal to the record path."""
+from __future__ import annotations
+
+import json
+import math
+import tracemalloc
+
+import faust
+import pytest
+
+from grudge_stream import faust as grudge
+from grudge_stream.exceptions import ConfigError
+from grudge_stream.hashkey import HashKey
+from grudge_stream.operators.records import SourceRecord
+from grudge_stream.settings import Settings
+from grudge_stream.sketches.bloom_config import BloomConfig
+from grudge_stream.sketches.countmin_config import CountMinConfig
+from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+from grudge_stream.state import (
+    ForgettingSetState,
+    HeavyHitterState,
+    RateLimitState,
+    ScoreState,
+    StateNotReady,
+)
+from grudge_stream.topology import load_topology
+
+KEY = HashKey.parse("00112233445566778899aabbccddeeff")
+SKETCH = ScoreSketchConfig(levels=4, cells_per_level=1000, decay=Exponential(0.01), lo=0.0, hi=1.0,
+                           aggregator="min", hasher="siphash")
+
+
+def score_state(name="abuse", **kw) -> ScoreState:
+    return ScoreState(name, source_topic="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY, **kw)
+
+
+def test_names_and_topics_are_derived_from_the_state_name():
+    s = score_state()
+    assert s.operator_id == "abuse"
+    assert s.snapshot_topic == "abuse-snapshots"
+    assert s.outputs == {"alerts": "abuse-alerts", "alert_state": "abuse-alerts-state",
+                         "dead_letters": "abuse-dead-letters"}
+    s2 = score_state("b", alerts_topic="x-alerts", snapshot_topic="x-snaps", dead_letter_topic="x-dl")
+    assert s2.outputs["alerts"] == "x-alerts" and s2.outputs["alert_state"] == "x-alerts-state"
+    assert s2.snapshot_topic == "x-snaps" and s2.outputs["dead_letters"] == "x-dl"
+
+
+def test_public_keys_need_a_secret_key():
+    with pytest.raises(ConfigError, match="hash_key"):
+        ScoreState("a", source_topic="t", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=None)
+    with pytest.raises(TypeError, match="hash_key"):
+        ScoreState("a", source_topic="t", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key="00" * 16)
+    ScoreState("a", source_topic="t", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=None, public_keys=False)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(name=""), "name"),
+    (dict(source_topic=""), "source_topic"),
+    (dict(checkpoint_interval_s=0), "checkpoint_interval_s"),
+    (dict(raise_at=0.1, clear_at=0.2), "clear_at"),
+])
+def test_bad_arguments_are_refused_naming_them(kw, match):
+    args = dict(name="a", source_topic="t", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
+    args.update(kw)
+    name = args.pop("name")
+    with pytest.raises((ValueError, ConfigError), match=match):
+        ScoreState(name, **args)
+
+
+def test_use_before_start_says_so():
+    s = score_state()
+    with pytest.raises(StateNotReady, match="not started"):
+        s.update(b"k", 0.1, partition=0, offset=0, timestamp_ms=1000)
+    with pytest.raises(StateNotReady):
+        s.assign([0])
+
+
+def test_position_arguments_go_together():
+    s = score_state()
+    with pytest.raises(TypeError, match="outside a Faust agent"):
+        s.update(b"k", 0.1)
+    with pytest.raises(TypeError, match="together"):
+        s.update(b"k", 0.1, partition=0)
+    with pytest.raises(TypeError, match="offset"):
+        s.update(b"k", 0.1, partition=0, offset="1", timestamp_ms=5)
+    with pytest.raises(ValueError, match="partition"):
+        s.update(b"k", 0.1, partition=-1, offset=1, timestamp_ms=5)
+
+
+class _Core:
+    """A core holding operators without a broker (what SketchState reads of one)."""
+
+    def __init__(self, state, partitions):
+        from grudge_stream.partitions import PartitionSlot, RestoreOutcome
+
+        self.slots = {p: PartitionSlot(state.topology, p, RestoreOutcome(state.topology.make_operator(p), None,
+                                                                         "fresh", 0.0), 4)
+                      for p in partitions}
+        self.published = []
+
+    def publish(self, out):
+        self.published.extend(out)
+
+
+def started(state, partitions=(0, 1)):
+    state.core = _Core(state, partitions)
+    return state
+
+
+def test_a_bad_key_or_value_changes_nothing():
+    s = started(score_state())
+    op = s.operator(0)
+    s.update(b"k", 0.1, partition=0, offset=0, timestamp_ms=1000)
+    before = op.snapshot()
+    for key, value, exc, match in [(123, 0.1, TypeError, "key"), (None, 0.1, TypeError, "key"),
+                                   (b"k", math.nan, ValueError, "finite"), (b"k", "x", ValueError, "number"),
+                                   (b"", 0.1, ValueError, "empty"), (b"k", True, ValueError, "number")]:
+        with pytest.raises(exc, match=match):
+            s.update(key, value, partition=0, offset=1, timestamp_ms=2000)
+    assert op.snapshot() == before and op.next_offset == 1
+
+
+def test_a_partition_not_held_is_not_ready():
+    s = started(score_state(), partitions=(0,))
+    with pytest.raises(StateNotReady, match="partition 3"):
+        s.update(b"k", 0.1, partition=3, offset=0, timestamp_ms=1000)
+
+
+def test_update_returns_scores_raises_and_skips_what_a_snapshot_covers():
+    s = started(score_state())
+    scores = [s.update(b"eve", 0.2, partition=0, offset=i, timestamp_ms=1000 + i) for i in range(4)]
+    assert scores[0] == pytest.approx(0.2, rel=1e-3) and scores[-1] > 0.5
+    assert s.raised(b"eve", 0) and s.score("eve", 0) == pytest.approx(scores[-1])
+    alerts = [json.loads(o.value) for o in s.core.published if o.role == "alerts"]
+    assert [a["state"] for a in alerts] == ["raised"]
+    assert s.update(b"eve", 0.2, partition=0, offset=2, timestamp_ms=2000) is None  # already reflected
+
+
+def test_per_event_application_equals_the_record_path():
+    """The same events through ``update`` and through the operator's JSON record path give
+    byte-identical state and the same alerts."""
+    s = started(score_state())
+    ref = s.topology.make_operator(0)
+    recs, t = [], 1_000_000
+    for i in range(3000):
+        t += i % 7
+        key = f"user-{i % 37}".encode() if i % 5 else b"eve"
+        delta = 0.05 if key == b"eve" or i % 11 == 0 else -0.001
+        s.update(key, delta, partition=0, offset=i, timestamp_ms=t if i % 13 else t - 500)  # some late
+        recs.append(SourceRecord("logins", 0, i, t if i % 13 else t - 500, key, json.dumps({"delta": delta}).encode()))
+    out = ref.process(recs)
+    assert s.operator(0).snapshot() == ref.snapshot()
+    assert [o.value for o in s.core.published] == [o.value for o in out]
+
+
+def test_a_hash_key_needs_the_siphash_hasher():
+    with pytest.raises(ConfigError, match="siphash"):
+        HeavyHitterState("hh", source_topic="t", hash_key=KEY, raise_at=50, clear_at=10,
+                         sketch=CountMinConfig(depth=4, width=512, epoch_ms=60_000))
+
+
+def test_other_kinds():
+    rl = started(RateLimitState("rl", source_topic="t", hash_key=KEY, bucket={"rate_per_s": 1.0, "burst": 2.0}))
+    got = [rl.try_update("u", partition=0, offset=i, timestamp_ms=10_000) for i in range(3)]
+    assert got[0] == (True, 0) and got[1] == (True, 0) and got[2][0] is False and got[2][1] > 0
+    hh = started(HeavyHitterState("hh", source_topic="t", hash_key=KEY, raise_at=50, clear_at=10, top_k=3,
+                                  sketch=CountMinConfig(depth=4, width=512, epoch_ms=60_000, hasher="siphash")))
+    for i in range(60):
+        assert hh.add(b"big", partition=1, offset=i, timestamp_ms=5000) == i + 1
+    with pytest.raises(TypeError, match="count"):
+        hh.add(b"big", 1.5, partition=1, offset=99, timestamp_ms=5000)
+    assert hh.top(1)[0] == (b"big", 60)
+    assert any(o.role == "alerts" for o in hh.core.published)
+    fs = started(ForgettingSetState("fs", source_topic="t", hash_key=KEY,
+                                    bloom=BloomConfig(capacity=1000, fp_rate=0.01, period_ms=60_000, hasher="siphash")))
+    assert fs.add_if_absent(b"a", partition=0, offset=0, timestamp_ms=1) is True
+    assert fs.add_if_absent(b"a", partition=0, offset=1, timestamp_ms=2) is False
+    assert fs.contains(b"a", 0)
+
+
+def test_faust_attach_refuses_a_second_state_of_one_name():
+    app = faust.App("embedding-unit", broker="kafka://127.0.0.1:1")
+    first = grudge.scores(app, "abuse", source=app.topic("logins"), sketch=SKETCH, raise_at=0.5, clear_at=0.25,
+                          hash_key=KEY)
+    with pytest.raises(ValueError, match="name: a sketch state named 'abuse'"):
+        grudge.scores(app, "abuse", source="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
+    assert list(app.grudge_states.states.values()) == [first]
+    with pytest.raises(TypeError, match="source"):
+        grudge.scores(app, "other", source=app.topic("a", "b"), sketch=SKETCH, raise_at=0.5, clear_at=0.25,
+                      hash_key=KEY)
+    # Outside an agent, a per-event call needs its coordinates.
+    with pytest.raises(TypeError, match="outside a Faust agent"):
+        first.update(b"k", 0.1)
+
+
+def test_faust_attach_after_start_is_refused():
+    app = faust.App("embedding-unit-2", broker="kafka://127.0.0.1:1")
+    app.consumer  # noqa: B018 - what starting the app creates
+    with pytest.raises(RuntimeError, match="before it starts"):
+        grudge.scores(app, "abuse", source="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
+
+
+@pytest.mark.parametrize("name", ["abuse_scores", "rate_limit", "heavy_hitters", "dedup", "known_keys",
+                                  "heavy_global"])
+def test_reading_a_topology_builds_no_sketch(name, monkeypatch):
+    monkeypatch.setenv("GRUDGE_SEED", "00112233445566778899aabbccddeeff")
+    topology = load_topology(name, Settings())
+    tracemalloc.start()
+    try:
+        (topology.operator_id, topology.source_topic, dict(topology.outputs), topology.snapshot_topic,
+         topology.app_id)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 100_000
