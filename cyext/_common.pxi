@@ -3,7 +3,7 @@
 # own). It holds the batch-argument contract (the key forms in _keys.pxi, the time
 # arguments here), the clock (the default, the check, reading now_ms), the reusable
 # hash buffer and key-hashing prelude of a batch, and the sketches' base class
-# (config, hasher, clock, pickle guard). Layout: /work/shared/spec/LAYOUT.md ("_common").
+# (config, hasher, clock, pickle guard). docs/hashing.md, "The kernel family".
 cimport cython
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t, INT64_MIN, INT64_MAX

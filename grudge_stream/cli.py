@@ -248,7 +248,7 @@ def _alert_line(state, change: str | None = None) -> str:
 
 
 def _alert_json(state, change: str | None = None) -> str:
-    from grudge_stream.operators.alerts import key_fields
+    from grudge_stream.operators.records import key_fields
 
     body = {**key_fields(state.key), "raised": state.raised, "reason": state.reason, "alert": state.alert,
             "override": None if state.override is None else state.override._asdict()}

@@ -59,7 +59,7 @@ class Override(NamedTuple):
         return self.created_ms <= at_ms and (self.expires_ms is None or at_ms < self.expires_ms)
 
     def to_json(self, key: bytes) -> dict:
-        from grudge_stream.operators.alerts import key_fields
+        from grudge_stream.operators.records import key_fields
 
         return {**key_fields(key), "action": self.action, "created_ms": self.created_ms,
                 "expires_ms": self.expires_ms, "reason": self.reason, "by": self.by}

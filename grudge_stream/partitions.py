@@ -225,12 +225,6 @@ class PartitionSlot:
         if self.metrics is not None and high >= 0 and nxt is not None:
             self.metrics.consumer_lag.labels(*self._labels).set(max(0, high - nxt))
 
-    def checkpoint(self, store: CheckpointStore, publisher: OutputPublisher | None,
-                   should_stop: Callable[[], bool] | None = None) -> SnapshotRef | None:
-        """Flush outputs, then write a snapshot if anything changed since the last one."""
-        refs = checkpoint_slots([self], store, publisher, should_stop)
-        return refs[0] if refs else None
-
 
 def snapshot_write(slot: PartitionSlot) -> SnapshotWrite:
     """``slot``'s state serialized now, with the offset and watermark it reflects."""

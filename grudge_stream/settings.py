@@ -200,22 +200,6 @@ class Settings:
             return self.environ[var], var
         return _MISSING, ""
 
-    def passthrough(self, prefix: str) -> dict[str, str]:
-        """Every ``<prefix>name`` flag (and ``GRUDGE_<PREFIX>NAME`` variable, dots as
-        underscores) with the prefix cut off: client properties passed through by name."""
-        out = {}
-        env_prefix = _env_name(prefix)
-        own = TOOL_VARIABLES | {_env_name(n) for n in self.declared}
-        for var, value in self.environ.items():
-            if var.startswith(env_prefix) and "__" not in var and var not in own:
-                out[var[len(env_prefix):].lower().replace("_", ".")] = value
-        for name, value in self.overrides.items():
-            if name.startswith(prefix):
-                out[name[len(prefix):]] = value
-        return out
-
-    # -- reading -----------------------------------------------------------------------------------
-
     def get(self, name: str, default: Any = None) -> Any:
         if name in self.values:
             return self.values[name]

@@ -5,9 +5,8 @@
 - ``grudge_stream.checkpoint.store``: the Kafka I/O — ``CheckpointStore`` writes and
   restores snapshots, ``watermarks`` asks a partition for its offsets.
 
-Every name this package had as a single module is still importable from it. The store
-(and confluent-kafka with it) loads on first use of one of its names, so importing the
-format alone stays light.
+The store (and confluent-kafka with it) loads on first use of one of its names, so
+importing the format alone stays light.
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from grudge_stream._lazy import lazy_exports
 from grudge_stream.checkpoint.format import (
-    _CHUNK,  # noqa: F401
     CHUNK_HEADER,
     CHUNK_MAGIC,
     DEFAULT_CHUNK_BYTES,
@@ -29,23 +27,16 @@ from grudge_stream.checkpoint.format import (
     join_chunks,
     manifest_key,
 )
-# Names the single module had in its namespace, kept importable from here.
-from grudge_stream.exceptions import CheckpointError, ConfigError, SnapshotError  # noqa: F401
-from grudge_stream.hashing import crc32c  # noqa: F401
 
 _STORE = "grudge_stream.checkpoint.store"
 _LAZY = {name: _STORE for name in (
     "BROKER_ABORT_CHECK_INTERVAL_S", "DEFAULT_OPEN_TRANSACTION_WAIT_S", "DEFAULT_TRANSACTION_TIMEOUT_S",
     "OPEN_TRANSACTION_MARGIN_S", "SNAPSHOT_TOPIC_CONFIG", "CheckpointStore", "RestoreResult", "SnapshotWrite",
-    "watermarks", "log", "_OPEN_TRANSACTION_GRACE_S", "_OPEN_TRANSACTION_PROGRESS_S", "_RETRIABLE",
-    "_chunk_delivered",
+    "watermarks",
 )}
 
 if TYPE_CHECKING:
     from grudge_stream.checkpoint.store import (
-        _OPEN_TRANSACTION_GRACE_S,
-        _OPEN_TRANSACTION_PROGRESS_S,
-        _RETRIABLE,
         BROKER_ABORT_CHECK_INTERVAL_S,
         DEFAULT_OPEN_TRANSACTION_WAIT_S,
         DEFAULT_TRANSACTION_TIMEOUT_S,
@@ -54,8 +45,6 @@ if TYPE_CHECKING:
         CheckpointStore,
         RestoreResult,
         SnapshotWrite,
-        _chunk_delivered,
-        log,
         watermarks,
     )
 

@@ -11,29 +11,16 @@ overflow. Memory is bounded by ``capacity`` keys whatever the attack.
 """
 from __future__ import annotations
 
-import hashlib
 import struct
 from typing import Callable, Iterator
 
 from grudge_stream.exceptions import ConfigError, SnapshotError
-from grudge_stream.operators.records import Alert, Source, key_fields  # noqa: F401 - key_fields re-exported
+from grudge_stream.operators.records import Alert, Source, output_id
 
 _ENTRY = struct.Struct("<dI")
 
 #: Raised keys an alert latch holds at most, unless told otherwise (its ``capacity``).
 LATCH_CAPACITY = 100_000
-
-
-def alert_id(operator_id: str, partition: int, offset: int, state: str, key: bytes) -> str:
-    """Deterministic alert id: a consumer drops duplicates after a crash replay with it.
-
-    A function of (operator, source partition, offset, state) and the key, since one
-    record (a sweep) can clear several keys at once.
-    """
-    h = hashlib.sha256()
-    h.update(f"{operator_id}\x00{partition}\x00{offset}\x00{state}\x00".encode())
-    h.update(key)
-    return h.hexdigest()[:32]
 
 
 class AlertLatch:
@@ -151,13 +138,6 @@ class AlertLatch:
               source: Source, override: str | None = None) -> Alert:
         """The ``Alert`` of a crossing (``override``: raised by a deny entry / cleared by an
         allow entry); its threshold is the one crossed."""
-        return Alert(alert_id(operator_id, source.partition, source.offset, state, key), operator_id, key,
+        return Alert(output_id(operator_id, source.partition, source.offset, state, key), operator_id, key,
                      state, score, self.raise_at if state == "raised" else self.clear_at, event_time_ms,
                      source, override)
-
-    def make_alert(self, *, operator_id: str, key: bytes, state: str, score: float, event_time_ms: int,
-                   topic: str, partition: int, offset: int, override: str | None = None) -> bytes:
-        """The alert's bytes on the wire (``alert(...).to_bytes()``)."""
-        return self.alert(operator_id=operator_id, key=key, state=state, score=score,
-                          event_time_ms=event_time_ms, source=Source(topic, partition, offset),
-                          override=override).to_bytes()

@@ -506,10 +506,6 @@ class Operator(abc.ABC):
         self.watermark = watermark
         self.counters = counters
 
-    def status(self) -> dict[str, Any]:
-        return {"operator": self.operator_id, "partition": self.partition,
-                "next_offset": self.next_offset, "watermark": self.watermark, **self.counters}
-
 
 def _differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     """(path, a's value, b's value) for every leaf where two JSON-like values differ."""

@@ -9,7 +9,8 @@ import pytest
 
 from grudge_stream import MismatchError, SnapshotError
 from grudge_stream.operators import EventCodec, SourceRecord
-from grudge_stream.operators.alerts import AlertLatch, alert_id
+from grudge_stream.operators.alerts import AlertLatch
+from grudge_stream.operators.records import output_id
 from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.operators.heavy import HeavyHitterOperator
 from grudge_stream.operators.scores import FeedbackScoreOperator
@@ -96,7 +97,7 @@ def test_alerts_follow_hysteresis_and_ids_are_deterministic() -> None:
     assert [a["state"] for a in alerts] == ["raised"]
     a = alerts[0]
     assert a["score"] >= 0.5 and a["threshold"] == 0.5 and a["key"] == "k"
-    assert a["alert_id"] == alert_id("scores", 0, a["source"]["offset"], "raised", key)
+    assert a["alert_id"] == output_id("scores", 0, a["source"]["offset"], "raised", key)
     assert set(a) >= {"alert_id", "operator", "key", "state", "score", "threshold", "event_time_ms", "source"}
     # Forgiveness alone does not clear before the score falls to clear_at ...
     out = op.process([SourceRecord(TOPIC, 0, 6, 10_010, key, b'{"outcome":"good"}')])

@@ -5,7 +5,6 @@ import json
 import random
 
 from grudge_stream.operators import EventCodec, SourceRecord
-from grudge_stream.operators.alerts import alert_id
 from grudge_stream.operators.base import dead_letter_record
 from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.operators.knownkeys import KnownKeyOperator
@@ -19,7 +18,6 @@ BLOOM = {"capacity": 10_000, "fp_rate": 0.001, "period_ms": 60_000, "seed": 5}
 
 
 def test_alert_ids_are_output_ids_and_kinds_and_keys_tell_outputs_apart() -> None:
-    assert output_id("op", 3, 17, "raised", b"k") == alert_id("op", 3, 17, "raised", b"k")
     ids = {output_id("op", 3, 17, kind, key) for kind in ("score", "decision") for key in (b"a", b"b")}
     ids |= {output_id("op", p, o, "score", b"a") for p, o in ((3, 18), (4, 17))}
     assert len(ids) == 6 and all(len(i) == 32 for i in ids)

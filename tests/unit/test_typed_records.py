@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grudge_stream.operators import SourceRecord
-from grudge_stream.operators.alerts import AlertLatch, key_fields
+from grudge_stream.operators.alerts import AlertLatch
 from grudge_stream.operators.base import dead_letter_record
 from grudge_stream.operators.globaltopk import GlobalTopKOperator
 from grudge_stream.operators.ratelimit import RateLimitOperator, request_id_fields, request_id_of
@@ -26,6 +26,8 @@ from grudge_stream.operators.records import (
     Source,
     TopKEntry,
     TopKReport,
+    key_fields,
+    output_id,
 )
 
 SRC = Source("t", 2, 7)
@@ -68,12 +70,11 @@ def test_typed_records_produce_the_wire_bytes(record, role, wire: str) -> None:
         record.operator = "other"  # type: ignore[misc]  # immutable
 
 
-def test_the_latch_builds_typed_alerts_and_keeps_make_alert() -> None:
+def test_the_latch_builds_typed_alerts() -> None:
     latch = AlertLatch(0.5, 0.25)
     alert = latch.alert(operator_id="op", key=b"k", state="raised", score=0.6, event_time_ms=5, source=SRC)
     assert isinstance(alert, Alert) and alert.threshold == 0.5
-    assert latch.make_alert(operator_id="op", key=b"k", state="raised", score=0.6, event_time_ms=5,
-                            topic="t", partition=2, offset=7) == alert.to_bytes()
+    assert alert.alert_id == output_id("op", SRC.partition, SRC.offset, "raised", b"k")
     assert key_fields(b"\xff") == {"key": None, "key_b64": "/w=="}
 
 
