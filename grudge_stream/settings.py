@@ -316,14 +316,19 @@ COMMON: list[Setting] = [
     S("kafka_properties_file", "str", None, "a client properties file (key=value, librdkafka names)"),
 ]
 
-_COMMON_DEFAULTS = {s.name: s.default for s in COMMON if not callable(s.default)}
+_COMMON_SPECS = {s.name: s for s in COMMON if not callable(s.default)}
 
 
 def setting(settings, name: str) -> Any:
-    """A setting of ``COMMON`` (those every topology and both runtimes take), with its
-    declared default: the one place the runtimes read those defaults from, bound ``Settings``
-    or not (an unbound ``Settings``, as in tests and tools, gets the same defaults)."""
-    return settings.get(name, _COMMON_DEFAULTS[name])
+    """A setting of ``COMMON`` (those every topology and both runtimes take), parsed and
+    checked by its declaration, with its declared default: the one place the runtimes read
+    those settings from, bound ``Settings`` or not (an unbound ``Settings``, as in tests
+    and tools, gets the same defaults and the same checks)."""
+    if name in settings.values:
+        return settings.values[name]
+    spec = _COMMON_SPECS[name]
+    raw, source = settings._raw(name)
+    return spec.default if raw is _MISSING else spec.parse(raw, source)
 
 
 # Names that pass through to the Kafka clients by prefix (see docs/security.md).

@@ -14,30 +14,12 @@ from typing import Callable
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
-from grudge_stream.operators.base import AUTO, Operator
-from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Settings
+from grudge_stream.operators.base import Operator
+from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Settings, setting
 
 __all__ = ["Settings", "Topology", "load_topology", "topology_names", "operator_settings", "codec_settings"]
 
 RESTORE_FALLBACKS = ("replay", "fail")
-
-
-def _time_bound(settings: Settings, name: str) -> int | str | None:
-    if name in settings.values:  # declared and parsed
-        return settings.values[name]
-    raw = settings.get(name, AUTO)
-    text = str(raw).strip().lower()
-    if text == AUTO:
-        return AUTO
-    if text in ("none", "off"):
-        return None
-    try:
-        v = int(text)
-    except ValueError:
-        raise ConfigError(f"setting {name!r} must be 'auto', 'none' or milliseconds, got {raw!r}") from None
-    if v < 0:
-        raise ConfigError(f"setting {name!r} must be >= 0, got {v}")
-    return v
 
 
 def operator_settings(settings: Settings, topology: str, hashed: bool = True) -> dict:
@@ -45,10 +27,10 @@ def operator_settings(settings: Settings, topology: str, hashed: bool = True) ->
     policies, and the secret hash key (required; see grudge_stream.hashkey). ``hashed=False``:
     an operator that hashes no public key into a sketch (``heavy_global``) takes none."""
     return {
-        "max_future_ms": _time_bound(settings, "max_future_ms"),
-        "future_policy": settings.get("future_policy", "clamp"),
-        "max_late_ms": _time_bound(settings, "max_late_ms"),
-        "late_policy": settings.get("late_policy", "dead_letter"),
+        "max_future_ms": setting(settings, "max_future_ms"),
+        "future_policy": setting(settings, "future_policy"),
+        "max_late_ms": setting(settings, "max_late_ms"),
+        "late_policy": setting(settings, "late_policy"),
         "hash_key": hash_key_from_settings(settings, topology) if hashed else None,
     }
 
@@ -56,10 +38,8 @@ def operator_settings(settings: Settings, topology: str, hashed: bool = True) ->
 def codec_settings(settings: Settings) -> dict:
     """Key checks every codec applies: ``max_key_bytes`` (1024: longer keys are
     dead-lettered) and ``allow_empty_keys`` (false: empty keys are dead-lettered)."""
-    n = settings.get("max_key_bytes", 1024)
-    if n < 0:
-        raise ConfigError(f"setting 'max_key_bytes' must be >= 0, got {n}")
-    return {"max_key_bytes": n, "allow_empty_keys": settings.get("allow_empty_keys", False)}
+    return {"max_key_bytes": setting(settings, "max_key_bytes"),
+            "allow_empty_keys": setting(settings, "allow_empty_keys")}
 
 
 @dataclass

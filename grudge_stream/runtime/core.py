@@ -36,8 +36,13 @@ import socket
 import time
 from typing import Any, Callable
 
-from grudge_stream.checkpoint import BROKER_ABORT_CHECK_INTERVAL_S, OPEN_TRANSACTION_MARGIN_S, CheckpointStore
-from grudge_stream.exceptions import DeliveryError
+from grudge_stream.checkpoint import (
+    BROKER_ABORT_CHECK_INTERVAL_S,
+    OPEN_TRANSACTION_MARGIN_S,
+    CheckpointStore,
+    watermarks,
+)
+from grudge_stream.exceptions import ConfigError, DeliveryError
 from grudge_stream.health import AssignmentWatch, BrokerProbe, readiness
 from grudge_stream.kafkaconf import FAST_CONSUMER, client_config, producer_config
 from grudge_stream.liveness import Liveness
@@ -114,9 +119,10 @@ class Transaction:
 class WorkerCore:
     """The state and bookkeeping of one worker, whichever runtime feeds it.
 
-    An adapter subclasses it and provides ``_topic_partition_count()`` and
-    ``_low_watermark(partition)`` (blocking), and may override ``commit_offsets`` (a
-    consumer commit) and ``is_stopping``. ``log`` is the adapter's logger.
+    An adapter subclasses it and may override ``_topic_partition_count()`` and
+    ``_low_watermark(partition)`` (blocking; by default asked with clients of their own),
+    ``commit_offsets`` (a consumer commit) and ``is_stopping``. ``log`` is the adapter's
+    logger.
     """
 
     runtime = ""
@@ -182,11 +188,27 @@ class WorkerCore:
 
     # -- adapter hooks ----------------------------------------------------------------------------
 
-    def _topic_partition_count(self) -> int:  # pragma: no cover - adapters define it
-        raise NotImplementedError
+    def _topic_partition_count(self) -> int:
+        """The source's partition count, asked with a client of its own (the batch adapter
+        asks its consumer)."""
+        from confluent_kafka.admin import AdminClient
 
-    def _low_watermark(self, partition: int) -> int:  # pragma: no cover - adapters define it
-        raise NotImplementedError
+        md = AdminClient({"log_level": 3, **self.client_config}).list_topics(topic=self.topic, timeout=30)
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            raise ConfigError(f"source topic {self.topic!r} of {self.topology.name!r} does not exist "
+                              f"({t.error if t is not None else 'no metadata'})")
+        return len(t.partitions)
+
+    def _low_watermark(self, partition: int) -> int:
+        """The earliest retained offset of a source partition (a replay from the start)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({**self.client_config, "group.id": "grudge-watermarks"})
+        try:
+            return watermarks(c, TopicPartition(self.topic, partition))[0]
+        finally:
+            c.close()
 
     def is_stopping(self) -> bool:
         return False

@@ -10,12 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from confluent_kafka import Consumer
-from confluent_kafka import TopicPartition as CKTopicPartition
-from confluent_kafka.admin import AdminClient
-
-from grudge_stream.checkpoint import SnapshotWrite, watermarks
-from grudge_stream.exceptions import ConfigError
+from grudge_stream.checkpoint import SnapshotWrite
 from grudge_stream.operators.records import OutputRecord
 from grudge_stream.partitions import snapshot_write
 from grudge_stream.runtime.core import WorkerCore
@@ -45,22 +40,6 @@ class EmbeddedCore(WorkerCore):
                  client_config: dict | None = None) -> None:
         super().__init__(topology, settings, bootstrap_servers=bootstrap_servers,
                          client_properties=client_config)
-
-    def _topic_partition_count(self) -> int:
-        admin = AdminClient({**self.client_config, "log_level": 3})
-        md = admin.list_topics(topic=self.topic, timeout=30)
-        t = md.topics.get(self.topic)
-        if t is None or t.error is not None or not t.partitions:
-            raise ConfigError(f"source topic {self.topic!r} of state {self.topology.name!r} does not exist")
-        return len(t.partitions)
-
-    def _low_watermark(self, partition: int) -> int:
-        c = Consumer({**self.client_config, "group.id": "grudge-watermarks"})
-        try:
-            low, _ = watermarks(c, CKTopicPartition(self.topic, partition))
-            return low
-        finally:
-            c.close()
 
     def publish(self, outputs: list[OutputRecord]) -> None:
         self.publisher.publish(outputs)

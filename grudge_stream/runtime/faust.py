@@ -37,15 +37,12 @@ from collections import defaultdict
 from typing import Any
 
 import faust
-from confluent_kafka import TopicPartition as CKTopicPartition
-from confluent_kafka.admin import AdminClient
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 from faust.web import View
 
 from grudge_stream._cyext._ingest import group_records
-from grudge_stream.checkpoint import watermarks
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.operators.records import SourceRecord
@@ -240,21 +237,6 @@ class FaustRuntime(WorkerCore):
 
     def _source_partitions(self, tps) -> set[int]:
         return {tp.partition for tp in tps if tp.topic == self.topic}
-
-    def _topic_partition_count(self) -> int:
-        admin = AdminClient({"log_level": 3, **self.client_config})
-        md = admin.list_topics(topic=self.topic, timeout=30)
-        return len(md.topics[self.topic].partitions)
-
-    def _low_watermark(self, partition: int) -> int:
-        from confluent_kafka import Consumer
-
-        c = Consumer({**self.client_config, "group.id": "grudge-watermarks"})
-        try:
-            low, _ = watermarks(c, CKTopicPartition(self.topic, partition))
-            return low
-        finally:
-            c.close()
 
     # -- assignment -------------------------------------------------------------------------------
 
