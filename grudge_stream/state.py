@@ -96,7 +96,11 @@ class SketchState:
     - ``bootstrap_servers``, ``client_config``: the cluster (confluent-kafka properties
       such as SASL and TLS); default ``KAFKA_BOOTSTRAP_SERVERS``;
     - ``checkpoint_interval_s``: how often the Faust binding snapshots (a loop of your
-      own decides itself when to call ``checkpoint``).
+      own decides itself when to call ``checkpoint``);
+    - ``overrides`` (scores, rate limits, heavy hitters): follow ``<alerts>-overrides``
+      (``<decisions>-overrides``), the allow / deny entries ``grudge-stream override`` and
+      ``grudge_stream.overrides.encode_override`` write, as the topologies do
+      (docs/serving.md). Off by default.
     """
 
     kind = "state"
@@ -105,7 +109,8 @@ class SketchState:
                  operator_id: str, outputs: Mapping[str, str | None],
                  snapshot_topic: str | None = None, dead_letter_topic: str | None = None,
                  bootstrap_servers: str | None = None, client_config: Mapping[str, Any] | None = None,
-                 checkpoint_interval_s: float = 5.0, settings: Settings | None = None) -> None:
+                 checkpoint_interval_s: float = 5.0, overrides: bool = False,
+                 settings: Settings | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string")
         if not isinstance(source_topic, str) or not source_topic:
@@ -121,11 +126,12 @@ class SketchState:
             snapshot_topic=snapshot_topic or f"{name}-snapshots",
             checkpoint_interval_s=float(checkpoint_interval_s), restore_fallback="replay",
             description=f"embedded {self.kind} state", app_id=f"grudge-embedded-{name}",
-            overrides_topic=None, operator_id=operator_id)
+            overrides_topic="" if overrides else None, operator_id=operator_id)
         self._settings = settings or Settings()
         self._bootstrap = bootstrap_servers
         self._client_config = dict(client_config or {})
         self.core: Any = None
+        self._follower: Any = None
         # Restores and start-up run in a runtime's executor threads and, on first use, on its
         # event loop: one at a time.
         self._lock = threading.RLock()
@@ -162,8 +168,15 @@ class SketchState:
                 return self
             if create_topics:
                 ensure_topics(self.topology, self._settings, self._bootstrap, self._client_config)
-            self.core = EmbeddedCore(self.topology, self._settings, bootstrap_servers=self._bootstrap,
-                                     client_config=self._client_config)
+            core = EmbeddedCore(self.topology, self._settings, bootstrap_servers=self._bootstrap,
+                                client_config=self._client_config)
+            if self.topology.overrides_topic:
+                from grudge_stream.overrides import start_override_follower
+
+                # Before any partition is restored: every operator judges with the table.
+                followed = start_override_follower(self.topology, core.bootstrap, core.client_config)
+                self._follower = followed[1] if followed else None
+            self.core = core
         return self
 
     def _core(self):
@@ -268,6 +281,9 @@ class SketchState:
         finally:
             core.close()
             self.core = None
+            if self._follower is not None:
+                self._follower.stop()
+                self._follower = None
 
     # -- per event ------------------------------------------------------------------------------
 
@@ -381,6 +397,8 @@ class RateLimitState(SketchState):
         from grudge_stream.operators.ratelimit import RateLimitOperator
 
         common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
+        if kw.get("overrides") and not decisions_topic:
+            raise ValueError("overrides: a rate limiter follows <decisions_topic>-overrides; give decisions_topic")
         codec = EventCodec(value_field="cost")
 
         def make_operator(partition: int) -> RateLimitOperator:

@@ -111,3 +111,66 @@ def test_state_api_on_the_broker(kafka_bootstrap, make_topic):
         moved.assign([1])
     assert moved.partitions() == []
     moved.close(snapshot=False)
+
+
+def test_overrides_reach_embedded_state(kafka_bootstrap, make_topic):
+    """A deny entry on ``<alerts>-overrides`` raises the key at its next event; an allow entry
+    keeps a key down whatever its score (the topologies' rules, docs/serving.md)."""
+    import json
+
+    from confluent_kafka import Producer
+
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.overrides import encode_override
+    from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+    from grudge_stream.state import ScoreState
+
+    topic = make_topic(1)
+    state = ScoreState(f"{topic}-abuse", source_topic=topic, bootstrap_servers=kafka_bootstrap, overrides=True,
+                       hash_key=HashKey.parse("00112233445566778899aabbccddeeff"),
+                       sketch=ScoreSketchConfig(levels=2, cells_per_level=500, decay=Exponential(0.01),
+                                                lo=0.0, hi=1.0, hasher="siphash"),
+                       raise_at=0.5, clear_at=0.25)
+    overrides_topic = state.topology.overrides_topic
+    assert overrides_topic == f"{topic}-abuse-alerts-overrides"
+    state.start()
+    try:
+        p = Producer({"bootstrap.servers": kafka_bootstrap})
+        p.produce(overrides_topic, key=b"mallory", value=encode_override("deny", by="test"))
+        p.produce(overrides_topic, key=b"alice", value=encode_override("allow", by="test"))
+        p.flush(10)
+        state.assign([0])
+        deadline = time.monotonic() + 20
+        while state.operator(0).overrides is None or len(state.operator(0).overrides) < 2:
+            assert time.monotonic() < deadline, "overrides not followed"
+            time.sleep(0.1)
+        now = int(time.time() * 1000)
+        state.update(b"mallory", 0.001, partition=0, offset=0, timestamp_ms=now)
+        for i in range(1, 30):
+            state.update(b"alice", 0.2, partition=0, offset=i, timestamp_ms=now + i)
+        assert state.raised(b"mallory", 0) and not state.raised(b"alice", 0)
+        assert state.score(b"alice", 0) >= 0.5
+        state.checkpoint()
+        alerts = [json.loads(m) for m in _values(kafka_bootstrap, state.outputs["alerts"])]
+        assert [(a["key"], a["state"], a.get("override")) for a in alerts] == [("mallory", "raised", "deny")]
+    finally:
+        state.close(snapshot=False)
+
+
+def _values(bootstrap: str, topic: str) -> list[bytes]:
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False})
+    try:
+        end = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        c.assign([TopicPartition(topic, 0, 0)])
+        out: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(out) < end and time.monotonic() < deadline:
+            out.extend(m.value() for m in c.consume(100, timeout=0.5) if not m.error())
+        return out
+    finally:
+        c.close()
