@@ -103,7 +103,36 @@ MODES = {  # name -> (runtime, faust drain, extra settings)
 }
 
 
+def topic_bytes(bs: str, topic: str) -> tuple[int, int]:
+    """(records, key + value bytes) of ``topic`` up to its current end."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bs, "group.id": f"bytes-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        tps = [TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0]
+        n = size = 0
+        if not tps:
+            return 0, 0
+        c.assign(tps)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            for m in c.consume(1000, timeout=0.5):
+                if not m.error():
+                    n += 1
+                    size += len(m.value() or b"") + len(m.key() or b"")
+            pos = {tp.partition: tp.offset for tp in c.position([TopicPartition(topic, tp.partition) for tp in tps])}
+            if all(pos[p] >= ends[p] for p in pos):
+                break
+        return n, size
+    finally:
+        c.close()
+
+
 def parse_mode(mode: str, default_checkpoint_s: float) -> tuple[str, str | None, dict, float]:
+    mode = mode.removesuffix("/base")
     name, _, cp = mode.partition("@")
     if name not in MODES:
         raise SystemExit(f"unknown mode {name!r}; known: {', '.join(MODES)}")
@@ -127,7 +156,9 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
     # call is traced (wall clock, partition, offsets): latency splits into "until processed"
     # and "processed -> consumed".
     cli = grudge_worker_cmd("abuse_scores", bs, port, settings, runtime=runtime)
-    cmd = [sys.executable, str(Path(__file__).resolve().parent / "grudge_timed_worker.py"),
+    # NAME/base: the same worker from another installation (--baseline-python), side by side.
+    exe = args.baseline_python if mode.endswith("/base") else sys.executable
+    cmd = [exe, str(Path(__file__).resolve().parent / "grudge_timed_worker.py"),
            "--out", str(work / "timing.json"), "--expected", str(10**15), "--trace", str(trace_path)]
     if args.fetch_max_wait_ms is not None:
         cmd += ["--fetch-max-wait-ms", str(args.fetch_max_wait_ms)]
@@ -209,6 +240,9 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
         events = metrics_sum(text, "grudge_events_total")
         snaps = metrics_sum(text, "grudge_snapshot_duration_seconds_count")  # checkpoint rounds
         snap_s = metrics_sum(text, "grudge_snapshot_duration_seconds_sum")
+        # What the state cost on the wire while the traffic ran (before the shutdown snapshots).
+        snap_records, snap_bytes = topic_bytes(bs, topology.snapshot_topic)
+        in_records, in_bytes = topic_bytes(bs, source)
     finally:
         if reader is not None:
             reader.stopping.set()
@@ -264,6 +298,8 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
         "mode": mode, "abusers": n_abusers, "raised": len(lat_ms), "false_positives": false_pos,
         "unmatched": unmatched, "event_time_mismatch": mismatch, "background_events": produced,
         "worker_events": int(events), "snapshots": int(snaps), "snapshot_s_total": snap_s,
+        "snapshot_records": snap_records, "snapshot_bytes": snap_bytes, "input_records": in_records,
+        "input_bytes": in_bytes, "snapshot_to_input": snap_bytes / in_bytes if in_bytes else float("nan"),
         "p50_ms": pct(lat_ms, 50), "p90_ms": pct(lat_ms, 90), "p99_ms": pct(lat_ms, 99),
         "max_ms": max(lat_ms) if lat_ms else float("nan"),
         "mean_ms": statistics.fmean(lat_ms) if lat_ms else float("nan"), "delivery_errors": len(errors),
@@ -294,9 +330,13 @@ def main() -> int:
                     help="experiment: override the worker's aiokafka fetch.max.wait.ms (Faust hardcodes 1500)")
     ap.add_argument("--modes", default="faust-agent,faust-lean,batch,batch-eos,batch-eos@1",
                     help=f"comma separated, from {', '.join(MODES)}; NAME@S sets the checkpoint interval")
+    ap.add_argument("--baseline-python", default=None,
+                    help="an interpreter with another grudge-stream installed: each mode also runs as MODE/base")
     args = ap.parse_args()
 
     modes = [d.strip() for d in args.modes.split(",") if d.strip()]
+    if args.baseline_python:
+        modes = [m for d in modes for m in (d, d + "/base")]
     for d in modes:
         parse_mode(d, args.checkpoint_s)
     prefix = f"benchlat-{uuid.uuid4().hex[:6]}"
@@ -320,6 +360,8 @@ def main() -> int:
                           f"worker CPU {r['worker_cpu_share']:.2f} of a core, processing lag p50 "
                           f"{r['processing_lag_s_p50']:.3f} s max {r['processing_lag_s_max']:.3f} s; "
                           f"{r['snapshots']} checkpoint rounds taking {r['snapshot_s_total']:.1f} s; "
+                          f"snapshot topic {r['snapshot_bytes'] / 1e6:.1f} MB = {r['snapshot_to_input']:.1f}x the "
+                          f"input's {r['input_bytes'] / 1e6:.2f} MB; "
                           f"false alerts {r['false_positives']}; load {r['load'][0]:.2f}", flush=True)
         finally:
             print(f"# deleted {delete_topics(bs, prefix)} topics {prefix}-*", flush=True)
@@ -342,10 +384,15 @@ def main() -> int:
         m["alerts"] = sum(r["raised"] for r in sel)
         m["expected"] = sum(r["abusers"] for r in sel)
         m["false_positives"] = sum(r["false_positives"] for r in sel)
+        m["snapshot_to_input"] = statistics.median(r["snapshot_to_input"] for r in sel)
+        m["snapshot_mb"] = statistics.median(r["snapshot_bytes"] for r in sel) / 1e6
         summary[str(d)] = m
         print(f"{str(d):14s} {m['alerts']:>4d}/{m['expected']:<4d} {m['p50_ms']:>8.1f} {m['p90_ms']:>8.1f} "
               f"{m['p99_ms']:>8.1f} {m['max_ms']:>8.1f} {m['false_positives']:>7d}   "
               f"[{m['pooled_p50_ms']:.1f} / {m['pooled_p99_ms']:.1f}]")
+    print("snapshot topic while the traffic ran (medians): MB, and x the input bytes")
+    for d, m in summary.items():
+        print(f"{d:14s} {m['snapshot_mb']:10.1f} MB  {m['snapshot_to_input']:8.2f}x")
     print("split (medians of per-run p50 / p99): produce -> processed by the operator | processed -> alert consumed")
     for d, m in summary.items():
         print(f"{d:14s} {m['until_processed_p50_ms']:8.1f} / {m['until_processed_p99_ms']:8.1f} ms   | "

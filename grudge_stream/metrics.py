@@ -50,6 +50,12 @@ class Metrics:
         self.restore_seconds = Gauge("grudge_restore_duration_seconds", "Time the last restore of a partition took", lbl, registry=r)
         self.snapshots_refused = Counter("grudge_snapshots_refused_total", "Snapshots refused on restore (corrupt or mismatched)", lbl, registry=r)
         self.restore_fallbacks = Counter("grudge_restore_fallbacks_total", "Restores that fell back", lbl + ["mode"], registry=r)
+        self.replayed_silently = Counter("grudge_replayed_silently_total", "Records replayed after a restore "
+                                         "whose outputs had been delivered before (dropped)", lbl, registry=r)
+        self.outputs_suppressed = Counter("grudge_outputs_suppressed_total", "Outputs of the silent replay after a "
+                                          "restore, dropped (delivered before)", lbl, registry=r)
+        self.commits = Counter("grudge_commits_total", "Offset commits (or exactly-once transactions)",
+                               ["operator"], registry=r)
         self.watermark = Gauge("grudge_watermark_seconds", "Event-time watermark of a partition (Unix time)", lbl,
                                registry=r)
         self.consumer_lag = Gauge("grudge_consumer_lag_records",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Callable, Iterable
 
 from confluent_kafka import KafkaException, Producer
@@ -113,6 +114,12 @@ class OutputPublisher:
         # Why a publish() failed half way, if one did: its outputs are lost, so no flush
         # may succeed (and no snapshot be written) after it.
         self.broken: str | None = None
+        # Records handed to the client (a sequence number each), and those without a delivery
+        # report yet: ``delivered_through(mark)`` says whether every record produced before
+        # ``mark`` is durable, without waiting (reports of different partitions come in any
+        # order).
+        self.produced = 0
+        self._inflight: set[int] = set()
 
     def dead_letter_limit(self) -> int:
         """Bytes a dead letter (key + value) may take on the dead-letter topic."""
@@ -120,7 +127,28 @@ class OutputPublisher:
             return DEFAULT_DEAD_LETTER_LIMIT
         return min(DEFAULT_DEAD_LETTER_LIMIT, self._room[self.dead_letter_topic])
 
-    def _on_delivery(self, err, msg) -> None:
+    def mark(self) -> int:
+        """A position in the output stream: ``delivered_through(mark)`` later says whether
+        everything produced before it is delivered."""
+        return self.produced
+
+    def delivered_through(self, mark: int) -> bool:
+        """Whether every output produced before ``mark`` is delivered, without waiting.
+
+        Failed deliveries are re-sent or dead-lettered only by ``flush`` (so while one is
+        pending this says no, and after ``flush`` returns every re-sent record is delivered).
+        """
+        if self.broken is not None:
+            return False
+        self.producer.poll(0)
+        return not self._failed and not any(seq < mark for seq in self._inflight)
+
+    def has_failures(self) -> bool:
+        """Whether refused outputs wait for ``flush`` to re-send or dead-letter them."""
+        return bool(self._failed)
+
+    def _on_delivery(self, err, msg, seq: int = -1) -> None:
+        self._inflight.discard(seq)
         if err is not None:
             ts_type, ts = msg.timestamp()
             self._failed.append((err, msg.topic(), msg.key(), msg.value(), msg.headers(),
@@ -145,11 +173,17 @@ class OutputPublisher:
             extra["timestamp"] = timestamp_ms
         while True:
             try:
-                self.producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery, **extra)
+                seq = self.produced
+                self._inflight.add(seq)
+                self.producer.produce(topic, value=value, key=key, on_delivery=partial(self._on_delivery, seq=seq),
+                                      **extra)
+                self.produced = seq + 1
                 return
             except BufferError:
+                self._inflight.discard(seq)
                 self.producer.poll(0.05)
             except KafkaException as exc:  # refused by the client itself (unknown topic, size, ...)
+                self._inflight.discard(seq)
                 self._failed.append((exc.args[0], topic, key, value, headers, timestamp_ms))
                 return
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -140,6 +141,14 @@ class PartitionSlot:
         self.metrics = metrics
         self.snapshotted_offset = self.operator.next_offset
         self.last_snapshot_wall = time.monotonic()
+        # Records applied since the state the last snapshot holds: the replay a restore would
+        # need (the batch runtime's snapshot budget).
+        self.unsnapshotted = 0
+        self.unsnapshotted_at_take = 0
+        # Records below this offset were processed before, and their outputs delivered and
+        # committed (the group's committed offset lies past the snapshot): they are applied
+        # again, their outputs dropped (``suppress_below``).
+        self.replay_until: int | None = None
         self._labels = (self.operator.operator_id, str(partition))
         self._seen = dict(self.operator.counters)
         self._children: dict = {}
@@ -154,18 +163,58 @@ class PartitionSlot:
     def dirty(self) -> bool:
         return self.operator.next_offset != self.snapshotted_offset
 
+    def suppress_below(self, committed: int | None) -> None:
+        """Outputs of records below ``committed`` (the group's committed offset, past where
+        processing restarts) were delivered before: the replay up to it stays silent."""
+        start = self.operator.next_offset
+        if committed is not None and committed >= 0 and (start is None or committed > start):
+            self.replay_until = committed
+            log.info("%s[%d]: replaying offsets %s..%d silently (outputs delivered before)",
+                     self.topology.source_topic, self.partition, start if start is not None else "earliest",
+                     committed)
+
     def process(self, records: Sequence[SourceRecord]) -> list[OutputRecord]:
+        until = self.replay_until
+        if until is not None:
+            cut = bisect_left([r.offset for r in records], until)
+            if cut:
+                self._silent(self.operator.process(records[:cut]), cut)
+            records = records[cut:]
+            if not records:
+                return []
+            self.replay_until = None
         out = self.operator.process(records)
+        self.unsnapshotted += len(records)
         if self.metrics is not None:
             self._update_metrics()
         return out
 
     def process_columns(self, topic: str, offsets: list, timestamps: list, keys: list,
                         values: list) -> list[OutputRecord]:
+        until = self.replay_until
+        if until is not None:
+            cut = bisect_left(offsets, until)
+            if cut:
+                self._silent(self.operator.process_columns(topic, self.partition, offsets[:cut], timestamps[:cut],
+                                                           keys[:cut], values[:cut]), cut)
+                offsets, timestamps, keys, values = offsets[cut:], timestamps[cut:], keys[cut:], values[cut:]
+            if not offsets:
+                return []
+            self.replay_until = None
         out = self.operator.process_columns(topic, self.partition, offsets, timestamps, keys, values)
+        self.unsnapshotted += len(offsets)
         if self.metrics is not None:
             self._update_metrics()
         return out
+
+    def _silent(self, outputs: list, records: int) -> None:
+        """A replayed stretch below ``replay_until``: its outputs were delivered before."""
+        self.unsnapshotted += records
+        if self.metrics is not None:
+            self._child(self.metrics.replayed_silently).inc(records)
+            if outputs:
+                self._child(self.metrics.outputs_suppressed).inc(len(outputs))
+            self._update_metrics()
 
     def _child(self, metric, *extra):
         """The metric's child for this partition (cached: ``labels()`` takes a lock and builds keys)."""
@@ -229,6 +278,7 @@ class PartitionSlot:
 def snapshot_write(slot: PartitionSlot) -> SnapshotWrite:
     """``slot``'s state serialized now, with the offset and watermark it reflects."""
     op = slot.operator
+    slot.unsnapshotted_at_take = slot.unsnapshotted
     return SnapshotWrite(op.operator_id, slot.partition, op.snapshot(), op.next_offset, op.watermark,
                          op.fingerprint, slot.topology.source_topic, slot.partition_count)
 
@@ -264,15 +314,23 @@ def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
             yield write
 
     refs = store.write_many(writes())
+    snapshots_written(dirty, refs, sizes, time.perf_counter() - t0)
+    return refs
+
+
+def snapshots_written(slots: Sequence[PartitionSlot], refs: Sequence[SnapshotRef], sizes: Sequence[int],
+                      seconds: float) -> None:
+    """Bookkeeping after a round wrote the snapshots of ``slots`` (``refs``, ``sizes``)."""
     now_wall, now_mono = time.time(), time.monotonic()
-    for slot, ref, size in zip(dirty, refs, sizes):
+    for slot, ref, size in zip(slots, refs, sizes):
         slot.snapshotted_offset = ref.next_offset
         slot.last_snapshot_wall = now_mono
+        slot.unsnapshotted = max(0, slot.unsnapshotted - slot.unsnapshotted_at_take)
+        slot.unsnapshotted_at_take = 0
         if slot.metrics is not None:
             slot.metrics.snapshots.labels(*slot._labels).inc()
             slot.metrics.snapshot_bytes.labels(*slot._labels).set(size)
             slot.metrics.snapshot_time.labels(*slot._labels).set(now_wall)
-    metrics = dirty[0].metrics
+    metrics = slots[0].metrics if slots else None
     if metrics is not None:
-        metrics.snapshot_seconds.labels(dirty[0].operator.operator_id).observe(time.perf_counter() - t0)
-    return refs
+        metrics.snapshot_seconds.labels(slots[0].operator.operator_id).observe(seconds)

@@ -260,7 +260,14 @@ COMMON: list[Setting] = [
     S("late_policy", "choice", "dead_letter", "events beyond max_late_ms", choices=("dead_letter", "count")),
     S("max_key_bytes", "int", 1024, "longer keys are dead-lettered (0: no limit)", "bytes", min=0),
     S("allow_empty_keys", "bool", False, "apply events with an empty key instead of dead-lettering them"),
-    S("checkpoint_interval_s", "float", 5.0, "snapshot cadence", "s", min=0, min_inclusive=False),
+    S("checkpoint_interval_s", "float", 5.0, "how often snapshots are considered (Faust runtime and embedded "
+      "states: the snapshot cadence)", "s", min=0, min_inclusive=False),
+    S("snapshot_replay_budget_s", "float", 10.0, "batch runtime: a partition's snapshot is due once a restore "
+      "would replay more than this much work (records since its snapshot at the measured processing rate); "
+      "0: every changed partition at every checkpoint_interval_s", "s", min=0),
+    S("snapshot_max_age_s", "float", 3600.0, "batch runtime: a changed partition is snapshotted at least this "
+      "often, whatever the budget (keep it well below the source topic's retention)", "s", min=0,
+      min_inclusive=False),
     S("restore_fallback", "choice", "replay", "when no snapshot is usable (corrupt, missing chunks)",
       choices=("replay", "fail")),
     S("reset_state", "bool", False, "adopt changed state-shaping settings: drop snapshots taken under other "
@@ -274,7 +281,9 @@ COMMON: list[Setting] = [
     S("batch_within_s", "float", 0.05, "Faust drain=agent: batching window", "s", min=0, min_inclusive=False),
     S("batch_max_wait_ms", "int", 10, "batch runtime: longest wait for a batch to fill", "ms", min=1),
     S("fetch_max_wait_ms", "int", 100, "Faust runtime: aiokafka fetch wait", "ms", min=1),
-    S("commit_interval_s", "float", 3.0, "Faust runtime: offset commit timer", "s", min=0, min_inclusive=False),
+    S("commit_interval_s", "float", 0.5, "how often source offsets are committed (batch runtime: once the "
+      "outputs before them are delivered; exactly_once: the transaction, so the output latency; Faust: its "
+      "commit timer, never past a snapshot)", "s", min=0, min_inclusive=False),
     S("session_timeout_s", "float", 30.0, "consumer group session timeout", "s", min=0, min_inclusive=False),
     S("heartbeat_interval_s", "float", 3.0, "consumer group heartbeat", "s", min=0, min_inclusive=False),
     S("group_instance_id", "str", "", "static membership id (and the transactional id with exactly_once)"),

@@ -249,6 +249,13 @@ class CheckpointStore:
         Returns the refs in the order of ``writes``; raises ``CheckpointError`` if any
         snapshot was not written (the others are, and their refs are cached as the latest).
         """
+        return self.write_manifests(self.write_chunks(writes))
+
+    def write_chunks(self, writes: Iterable[SnapshotWrite]) -> list[tuple]:
+        """The first half of ``write_many``: every chunk produced and acknowledged. Returns
+        what ``write_manifests`` needs to finish the generations; until it runs, the previous
+        generation stays the newest (a caller may wait for something else in between: the
+        outputs the snapshots cover, say)."""
         producer = self._get_producer()
         pending: list[tuple[SnapshotWrite, int, int, SnapshotRef | None, list, list, int, int]] = []
         for w in writes:
@@ -278,6 +285,11 @@ class CheckpointStore:
             # frees them as they are acknowledged), so the round does not pin every blob.
             pending.append((replace(w, blob=b""), generation, slot, prev, offsets, errors, size, crc))
         self._flush(producer)
+        return pending
+
+    def write_manifests(self, pending: list[tuple]) -> list[SnapshotRef]:
+        """The second half of ``write_many``: the manifests of ``write_chunks``'s snapshots."""
+        producer = self._get_producer()
         refs: list[SnapshotRef | None] = []
         done: list[list] = []
         failed: list[str] = []

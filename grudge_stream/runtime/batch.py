@@ -10,22 +10,24 @@ they go to the operators in one call per partition.
   inside the assignment callback, before the partition is fetched, and assigned
   at the snapshot's ``next_offset`` (its earliest retained offset for a fresh or
   replayed one).
-- **Checkpoints**: every ``checkpoint_interval_s``, on revocation and on
-  shutdown: outputs flushed (every output delivered or dead-lettered),
-  snapshot written, then the snapshot's offset committed for the group
-  (commits never run ahead of durable state). A failed round is logged and
-  retried at the next interval; the previous snapshot stays current. After an
-  unexpected error no snapshot is written at all (the state may be ahead of
-  its outputs): the next owner replays from the last good one.
+- **Commits apart from snapshots** (docs/runtime.md, "Commits and snapshots"):
+  offsets are committed every ``commit_interval_s`` once the outputs before them
+  are delivered; a partition is snapshotted when a restore would replay more than
+  ``snapshot_replay_budget_s`` of work, or after ``snapshot_max_age_s``, and on
+  revocation and shutdown. Due partitions are copied at a batch boundary and
+  written by a ``SnapshotWriter`` thread; its manifests wait until every output
+  before the copy is delivered. A restore replays from the snapshot up to the
+  committed offset with its outputs dropped. A failed round is logged and
+  retried; after an unexpected error no snapshot and no commit is written (the
+  state may be ahead of its outputs).
 - **Exactly-once outputs** (``exactly_once=true``): a transactional producer
-  carries the outputs, the snapshot chunks and manifest, and the source
-  offsets (``send_offsets_to_transaction``) of each checkpoint interval in one
+  carries the outputs and the source offsets (``send_offsets_to_transaction``)
+  of each ``commit_interval_s``, with the snapshots then due, in one
   transaction; a ``read_committed`` consumer of the alert topic then sees each
-  alert exactly once across crashes. Outputs become visible at commit, so the
-  alert latency grows by up to one checkpoint interval. Give each worker a
-  stable ``group_instance_id`` (it names the transactional id), so a
-  restarted worker aborts its predecessor's open transaction at once instead
-  of waiting for the transaction timeout.
+  alert exactly once across crashes. Give each worker a stable
+  ``group_instance_id`` (it names the transactional id), so a restarted worker
+  aborts its predecessor's open transaction at once instead of waiting for the
+  transaction timeout.
 - **Health**: ``/ready``, ``/live`` and ``/metrics`` on ``web_host:web_port``; ``/live``
   fails when the consume loop made no progress for ``liveness_timeout_s``
   (``grudge_stream.liveness``).
@@ -42,6 +44,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
@@ -51,11 +54,72 @@ from grudge_stream.checkpoint import watermarks
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
-from grudge_stream.runtime.core import Transaction, WorkerCore
+from grudge_stream.partitions import PartitionSlot, snapshot_write, snapshots_written
+from grudge_stream.runtime.core import CheckpointCadence, Transaction, WorkerCore
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 
 log = logging.getLogger("grudge_stream.batch")
+
+
+class ProcessingRate:
+    """Records per second of processing time (an exponentially weighted mean over batches):
+    what a restore's replay of ``n`` records costs, ``n / rate``. Until measured, a
+    conservative guess."""
+
+    __slots__ = ("per_s",)
+    INITIAL = 100_000.0
+    WEIGHT = 0.05
+
+    def __init__(self) -> None:
+        self.per_s = self.INITIAL
+
+    def observe(self, records: int, seconds: float) -> None:
+        if records >= 100 and seconds > 0:  # tiny batches measure call overhead, not replay speed
+            self.per_s += self.WEIGHT * (records / seconds - self.per_s)
+
+
+class SnapshotWriter:
+    """One at-least-once snapshot round written off the consume loop.
+
+    The loop serializes the due partitions at a batch boundary (``snapshot_write``: a
+    consistent copy) and notes the output stream's position; this thread produces every
+    chunk and waits for their acknowledgements while processing goes on; the loop then
+    ``release``s the manifests once every output produced before the copy is delivered
+    (so a snapshot never covers an undelivered output); the thread writes them, and the
+    loop does the bookkeeping when ``done``.
+    """
+
+    def __init__(self, store, slots: list[PartitionSlot], writes: list, mark: int) -> None:
+        self.store = store
+        self.slots = slots
+        self.writes = writes
+        self.sizes = [len(w.blob) for w in writes]
+        self.mark = mark
+        self.t0 = time.perf_counter()
+        self.chunks_done = threading.Event()
+        self.release = threading.Event()
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.refs: list | None = None
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, name="grudge-snapshot-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            writes, self.writes = self.writes, []
+            pending = self.store.write_chunks(writes)
+            del writes
+            self.chunks_done.set()
+            while not self.release.wait(0.05):
+                if self.cancelled.is_set():
+                    raise CheckpointError("snapshot round cancelled: outputs it covers were not delivered")
+            self.refs = self.store.write_manifests(pending)
+        except Exception as exc:  # noqa: BLE001 - the loop reports it as a failed round
+            self.error = exc
+        finally:
+            self.done.set()
 
 
 class BatchWorker(WorkerCore):
@@ -75,6 +139,17 @@ class BatchWorker(WorkerCore):
             raise ConfigError("batch_size and batch_max_wait_ms must be at least 1")
         self.stopping = threading.Event()
         super().__init__(topology, settings, exactly_once=self.exactly_once)
+        # Commits apart from snapshots (docs/checkpoints.md, "Commits and snapshots"): offsets
+        # are committed every commit_interval_s once the outputs before them are delivered (or
+        # in the exactly-once transaction); a partition is snapshotted only when its replay
+        # budget or its snapshot_max_age_s is spent.
+        self.commits = CheckpointCadence(setting(settings, "commit_interval_s"))
+        self.replay_budget_s = setting(settings, "snapshot_replay_budget_s")
+        self.snapshot_max_age_s = setting(settings, "snapshot_max_age_s")
+        self.rate = ProcessingRate()
+        self.committed: dict[int, int] = {}
+        self._pending_commit: tuple[int, dict[int, int]] | None = None
+        self.writer: SnapshotWriter | None = None
         conf = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.app_id,
@@ -110,6 +185,13 @@ class BatchWorker(WorkerCore):
     def commit_offsets(self, offsets: dict[int, int]) -> None:
         self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                              asynchronous=False)
+        self.committed.update(offsets)
+        self.metrics.commits.labels(self.topology.operator_id).inc()
+
+    def _group_committed(self, partitions: list[int]) -> dict[int, int]:
+        """The group's committed offsets of ``partitions`` (those with one)."""
+        tps = self.consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=30)
+        return {tp.partition: tp.offset for tp in tps if tp.error is None and tp.offset >= 0}
 
     # -- group membership ------------------------------------------------------------------------
 
@@ -118,11 +200,20 @@ class BatchWorker(WorkerCore):
         # says 503 until the last one is.
         self.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
         self.metrics.assigned.set(len(self.assigned))
+        self._finish_writer(wait=True)
+        ours = [tp.partition for tp in partitions if tp.topic == self.topic]
+        committed = self._group_committed(ours) if ours else {}
         for tp in partitions:
             if tp.topic != self.topic:
                 continue
             self.liveness.beat()  # restores run in consume(): each partition counts as progress
-            slot = self.adopt(tp.partition, self.restore(tp.partition))
+            outcome = self.restore(tp.partition)
+            if outcome.operator.next_offset is None and tp.partition in committed:
+                # Offsets were committed, but no snapshot was kept: rebuild from the start.
+                outcome.operator.next_offset = self._low_watermark(tp.partition)
+            slot = self.adopt(tp.partition, outcome)
+            slot.suppress_below(committed.get(tp.partition))
+            self.committed[tp.partition] = committed.get(tp.partition, -1)
             start = slot.operator.next_offset
             tp.offset = start if start is not None else OFFSET_BEGINNING
         consumer.assign(partitions)
@@ -130,6 +221,8 @@ class BatchWorker(WorkerCore):
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
+        self._finish_writer(wait=True)
+        self._pending_commit = None
         try:
             self.checkpoint([p for p in revoked if p in self.slots])
         except DeliveryError as exc:
@@ -137,6 +230,8 @@ class BatchWorker(WorkerCore):
         except Exception:  # the partitions are gone either way; the next owner replays from the last snapshot
             log.exception("checkpoint on revocation failed")
         self.release(revoked)
+        for p in revoked:
+            self.committed.pop(p, None)
         consumer.unassign()
         self.record_assignment()
 
@@ -159,12 +254,18 @@ class BatchWorker(WorkerCore):
                 msgs = self.consumer.consume(self.batch_size, timeout=batch_wait)
                 if msgs:
                     self._process(msgs, with_headers)
-                if self.cadence.due():
-                    self._periodic_checkpoint()
+                if self.transaction is None:
+                    self._commit_if_due()
+                    self._finish_writer()
+                elif self.commits.due() or self.cadence.due():
+                    self._transaction_round()
+                if self.cadence.due() and self.transaction is None:
+                    self._snapshot_round()
                 self.waiting.tick(len(self.assigned))
                 self.record_lag(log_end)
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
+                self._finish_writer(wait=True)
                 self.checkpoint()
             except DeliveryError as exc:
                 log.error("final snapshots not written: %s; the next owner replays from the last snapshot", exc)
@@ -198,15 +299,158 @@ class BatchWorker(WorkerCore):
         for m in errors:
             if m.error().code() != KafkaError._PARTITION_EOF:
                 log.warning("consume error: %s", m.error())
+        t0 = time.perf_counter()
+        n = 0
         for p, batch in groups.items():
             slot = self.slots.get(p)
             if slot is None:
                 continue
+            n += len(batch) if with_headers else len(batch[0])
             with slot.lock:
                 out = slot.process(batch) if with_headers else slot.process_columns(topic, *batch)
             if out:
                 self.begin_outputs()
                 self.publisher.publish(out)
+        self.rate.observe(n, time.perf_counter() - t0)
+
+    # -- commits and snapshots ----------------------------------------------------------------------
+
+    def checkpoint(self, partitions=None) -> None:
+        """On revocation and shutdown (blocking): outputs delivered (or in the transaction),
+        every changed partition of ``partitions`` snapshotted, and every offset reached
+        committed."""
+        if self.no_more_snapshots:
+            return
+        parts = sorted(self.slots) if partitions is None else [p for p in partitions if p in self.slots]
+        dirty = self.dirty(parts)
+        moved = {p: o for p, o in self._moved().items() if p in parts}
+        txn = self.transaction
+        if txn is not None:
+            if not txn.open and not dirty and not moved:
+                return
+            txn.begin()
+        elif moved and not dirty:
+            self.publisher.flush(should_stop=self.is_stopping)
+        offsets = {**moved, **self.write_snapshots(dirty)}
+        if txn is not None:
+            txn.commit(self.topic, offsets)
+            self.committed.update(offsets)
+            self.metrics.commits.labels(self.topology.operator_id).inc()
+        elif offsets:
+            self.commit_offsets(offsets)
+        self.checkpointed(offsets)
+
+    def _moved(self) -> dict[int, int]:
+        """Each slot's next offset where it moved past the last commit."""
+        return {p: s.operator.next_offset for p, s in self.slots.items()
+                if s.operator.next_offset is not None and s.operator.next_offset > self.committed.get(p, -1)}
+
+    def _commit_if_due(self) -> None:
+        """At-least-once: every ``commit_interval_s`` note the offsets reached and the output
+        stream's position; commit them (asynchronously) once every output before that position
+        is delivered. Never waits, except to re-send refused outputs."""
+        pending = self._pending_commit
+        publisher = self.publisher
+        if pending is not None:
+            if publisher.has_failures():
+                try:
+                    publisher.flush(should_stop=self.is_stopping)
+                except DeliveryError as exc:
+                    self.round_failed(exc)
+                    return
+            mark, offsets = pending
+            if publisher.delivered_through(mark):
+                offsets = {p: o for p, o in offsets.items() if p in self.slots}
+                if offsets:
+                    self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                                         asynchronous=True)
+                    self.committed.update(offsets)
+                    self.metrics.commits.labels(self.topology.operator_id).inc()
+                self._pending_commit = None
+        if self._pending_commit is None and self.commits.due():
+            self.commits.done()
+            moved = self._moved()
+            if moved:
+                self._pending_commit = (publisher.mark(), moved)
+
+    def _snapshot_due(self, slot: PartitionSlot, now: float) -> bool:
+        if not slot.dirty:
+            return False  # an idle partition is never rewritten
+        if self.replay_budget_s <= 0 or now - slot.last_snapshot_wall >= self.snapshot_max_age_s:
+            return True
+        return slot.unsnapshotted / self.rate.per_s >= self.replay_budget_s
+
+    def _snapshot_round(self) -> None:
+        """At-least-once: the partitions whose budget is spent are copied now, at a batch
+        boundary, and written by a ``SnapshotWriter`` while processing goes on."""
+        self.cadence.done()
+        if self.writer is not None or self.no_more_snapshots:
+            return
+        now = time.monotonic()
+        due = [s for s in self.slots.values() if self._snapshot_due(s, now)]
+        if due:
+            writes = [snapshot_write(s) for s in due]
+            self.writer = SnapshotWriter(self.store, due, writes, self.publisher.mark())
+
+    def _finish_writer(self, wait: bool = False) -> None:
+        """Move the background round on: release its manifests once the outputs it covers are
+        delivered; its bookkeeping once written. ``wait``: until it is done (revocation,
+        shutdown, a new assignment), flushing the outputs first."""
+        w = self.writer
+        if w is None:
+            return
+        if not w.release.is_set():
+            if wait:
+                try:
+                    self.publisher.flush(should_stop=self.is_stopping)
+                except DeliveryError:
+                    w.cancelled.set()
+                else:
+                    w.release.set()
+            elif w.chunks_done.is_set():
+                if self.publisher.has_failures():
+                    try:
+                        self.publisher.flush(should_stop=self.is_stopping)
+                    except DeliveryError:
+                        w.cancelled.set()
+                if not w.cancelled.is_set() and self.publisher.delivered_through(w.mark):
+                    w.release.set()
+        if wait:
+            w.done.wait()
+        if not w.done.is_set():
+            return
+        self.writer = None
+        if w.error is not None:
+            if not self.no_more_snapshots:
+                self.round_failed(w.error)
+            return
+        live = [(s, r, n) for s, r, n in zip(w.slots, w.refs or [], w.sizes) if self.slots.get(s.partition) is s]
+        if live:
+            snapshots_written(*map(list, zip(*live)), time.perf_counter() - w.t0)
+
+    def _transaction_round(self) -> None:
+        """Exactly-once: every ``commit_interval_s`` the open transaction commits the outputs
+        and the offsets reached; the partitions whose snapshot budget is spent are snapshotted
+        in it."""
+        txn = self.transaction
+        due: list[PartitionSlot] = []
+        if self.cadence.due():
+            self.cadence.done()
+            now = time.monotonic()
+            due = [s for s in self.slots.values() if self._snapshot_due(s, now)] if not self.no_more_snapshots else []
+        self.commits.done()
+        moved = self._moved()
+        if not txn.open and not moved and not due:
+            return
+        try:
+            txn.begin()
+            if due:
+                self.write_snapshots(due)
+            txn.commit(self.topic, moved)
+        except (CheckpointError, DeliveryError) as exc:
+            self.round_failed(exc)  # raises: a failed transaction ends the worker
+        self.committed.update(moved)
+        self.metrics.commits.labels(self.topology.operator_id).inc()
 
     def _periodic_checkpoint(self) -> None:
         """A checkpoint round whose failure (a broker outage, say) is logged, not fatal
