@@ -63,7 +63,7 @@ example: install
 
 # Sketch benchmarks (no broker); the runtime ones need Kafka: `make bench-kafka`.
 SKETCH_BENCHES := bench_hash bench_score bench_countmin bench_bloom bench_small_batches
-KAFKA_BENCHES  := bench_checkpoint bench_alert_latency bench_faust bench_faust_memory bench_batch bench_rss bench_query
+KAFKA_BENCHES  := bench_checkpoint bench_checkpoint_cost bench_alert_latency bench_faust bench_faust_memory bench_batch bench_rss bench_query
 BENCH_BROKER   := $(CURDIR)/.cache/kafka/bench
 bench: install
 	@for b in $(SKETCH_BENCHES); do echo "== $$b"; (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/$$b.py") || exit 1; done

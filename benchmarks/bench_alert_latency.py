@@ -142,7 +142,7 @@ def parse_mode(mode: str, default_checkpoint_s: float) -> tuple[str, str | None,
 
 def run_once(bs: str, mode: str, args, prefix: str) -> dict:
     runtime, drain, extra, checkpoint_s = parse_mode(mode, args.checkpoint_s)
-    rid = f"{prefix}-{mode.replace('@', '-').replace('.', '_')}"
+    rid = f"{prefix}-{mode.replace('@', '-').replace('.', '_').replace('/', '-')}"
     if extra.get("exactly_once"):
         extra["group_instance_id"] = f"{rid}-w0"  # names the transactional id
     settings = grudge_settings(rid, f"{rid}-events", drain, {"checkpoint_interval_s": checkpoint_s, **extra})
@@ -191,7 +191,7 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
         population = [f"user-{i:011d}".encode() for i in range(args.population)]
         burst: list[tuple[float, int, bytes, int]] = []  # (due, seq, key, index in burst)
         n_abusers = int(max(0.0, args.seconds - args.warmup_s - args.tail_s) * args.abusers_per_s)
-        t0 = time.time()
+        t0 = traffic_t0 = time.time()
         for j in range(n_abusers):
             start = t0 + args.warmup_s + j / args.abusers_per_s
             key = f"abuser-{j:06d}-{rnd.getrandbits(32):08x}".encode()
@@ -257,6 +257,10 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
             calls.setdefault(int(p), []).append((int(first_off), int(last_off), float(t0), float(t1)))
     for v in calls.values():
         v.sort()
+    # The longest pause of the consume loop between two process calls (all partitions, in
+    # wall-clock order) once the traffic runs: a checkpoint that stops the loop shows here.
+    spans = sorted((c[2], c[3]) for v in calls.values() for c in v if c[2] >= traffic_t0 + args.warmup_s)
+    max_gap_ms = max((b[0] - a[1] for a, b in zip(spans, spans[1:])), default=float("nan")) * 1000.0
     starts = {p: [c[0] for c in v] for p, v in calls.items()}
 
     def processed_at(partition: int, offset: int) -> tuple[float, float] | None:
@@ -306,7 +310,8 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
         "worker_cpu_share": cpu_share, "latencies_ms": lat_ms,
         "until_processed_p50_ms": pct(to_proc_ms, 50), "until_processed_p99_ms": pct(to_proc_ms, 99),
         "after_processed_p50_ms": pct(after_ms, 50), "after_processed_p99_ms": pct(after_ms, 99),
-        "traced": len(to_proc_ms),
+        "traced": len(to_proc_ms), "max_gap_ms": max_gap_ms,
+        "produced_per_s": produced / args.seconds,
         "processing_lag_s_p50": pct(lag_samples, 50), "processing_lag_s_max": max(lag_samples, default=float("nan")),
     }
 

@@ -56,6 +56,15 @@ class Metrics:
                                           "restore, dropped (delivered before)", lbl, registry=r)
         self.commits = Counter("grudge_commits_total", "Offset commits (or exactly-once transactions)",
                                ["operator"], registry=r)
+        self.snapshot_bytes_written = Counter("grudge_snapshot_bytes_written_total", "Snapshot bytes written",
+                                              lbl, registry=r)
+        self.replay_records = Gauge("grudge_restore_replay_records", "Records a restore of the partition would "
+                                    "replay now (applied since its snapshot)", lbl, registry=r)
+        self.replay_seconds = Gauge("grudge_restore_replay_seconds", "Estimated time a restore of the partition "
+                                    "would replay now, at the measured processing rate", lbl, registry=r)
+        self.replay_budget_exceeded = Gauge("grudge_restore_budget_exceeded", "1 while the replay a restore "
+                                            "would need exceeds 1.5x snapshot_replay_budget_s (snapshots are "
+                                            "not landing)", lbl, registry=r)
         self.watermark = Gauge("grudge_watermark_seconds", "Event-time watermark of a partition (Unix time)", lbl,
                                registry=r)
         self.consumer_lag = Gauge("grudge_consumer_lag_records",

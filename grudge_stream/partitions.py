@@ -330,6 +330,7 @@ def snapshots_written(slots: Sequence[PartitionSlot], refs: Sequence[SnapshotRef
         if slot.metrics is not None:
             slot.metrics.snapshots.labels(*slot._labels).inc()
             slot.metrics.snapshot_bytes.labels(*slot._labels).set(size)
+            slot.metrics.snapshot_bytes_written.labels(*slot._labels).inc(size)
             slot.metrics.snapshot_time.labels(*slot._labels).set(now_wall)
     metrics = slots[0].metrics if slots else None
     if metrics is not None:

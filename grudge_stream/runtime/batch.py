@@ -150,6 +150,7 @@ class BatchWorker(WorkerCore):
         self.committed: dict[int, int] = {}
         self._pending_commit: tuple[int, dict[int, int]] | None = None
         self.writer: SnapshotWriter | None = None
+        self._replay_recorded = 0.0
         conf = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.app_id,
@@ -263,6 +264,7 @@ class BatchWorker(WorkerCore):
                     self._snapshot_round()
                 self.waiting.tick(len(self.assigned))
                 self.record_lag(log_end)
+                self._record_replay()
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 self._finish_writer(wait=True)
@@ -372,6 +374,41 @@ class BatchWorker(WorkerCore):
             moved = self._moved()
             if moved:
                 self._pending_commit = (publisher.mark(), moved)
+
+    def replay_report(self) -> dict[int, dict]:
+        """Per partition: the replay a restore would need now (records, estimated seconds), the
+        age of its snapshot, and whether the replay is past 1.5x the budget (snapshots are not
+        landing: the snapshot topic refuses writes, say)."""
+        now = time.monotonic()
+        rate = self.rate.per_s
+        out = {}
+        for p, slot in list(self.slots.items()):
+            seconds = slot.unsnapshotted / rate
+            out[p] = {"replay_records": slot.unsnapshotted, "replay_s": round(seconds, 3),
+                      "snapshot_age_s": round(now - slot.last_snapshot_wall, 1),
+                      "budget_exceeded": self.replay_budget_s > 0 and seconds > 1.5 * self.replay_budget_s}
+        return out
+
+    def _record_replay(self) -> None:
+        now = time.monotonic()
+        if now - self._replay_recorded < 1.0:
+            return
+        self._replay_recorded = now
+        m, op_id = self.metrics, self.topology.operator_id
+        for p, r in self.replay_report().items():
+            labels = (op_id, str(p))
+            m.replay_records.labels(*labels).set(r["replay_records"])
+            m.replay_seconds.labels(*labels).set(r["replay_s"])
+            m.replay_budget_exceeded.labels(*labels).set(1 if r["budget_exceeded"] else 0)
+
+    def ready_status(self) -> tuple[int, dict]:
+        """``/ready`` with each partition's restore replay (``replay_report``): a worker whose
+        snapshots do not land stays ready (it processes and commits), and says so."""
+        status, body = super().ready_status()
+        report = self.replay_report()
+        body["replay"] = {str(p): r for p, r in sorted(report.items())}
+        body["restore_budget_exceeded"] = sorted(p for p, r in report.items() if r["budget_exceeded"])
+        return status, body
 
     def _snapshot_due(self, slot: PartitionSlot, now: float) -> bool:
         if not slot.dirty:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -78,3 +79,60 @@ def test_offsets_commit_without_snapshots_and_a_restore_replays_silently(harness
     assert expected, "the traffic should raise alerts"
     assert len(seen) == len(set(seen)), "an alert was published twice"
     assert set(seen) == expected
+
+
+def set_topic_config(h, topic: str, name: str, value: str) -> None:
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": h.bootstrap})
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([res]).values():
+        fut.result(30)
+
+
+def ready(worker) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{worker.web_port}/ready", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_snapshot_topic_that_refuses_writes_stops_neither_processing_nor_commits(harness) -> None:
+    # A tiny budget (1 ms of work: about a thousand records) so that it is spent at once.
+    h = harness(partitions=2, runtime="batch", snapshot_replay_budget_s="0.001", commit_interval_s="0.2",
+                checkpoint_interval_s="0.5", snapshot_max_age_s="3600")
+    snapshots = h.topology.snapshot_topic
+    events = h.make_events(60_000, seed=23)
+    h.produce(events[:20_000])
+    worker = h.start_worker()
+    h.wait_caught_up()  # snapshots land while the topic takes them
+    # The snapshot topic now refuses every chunk (larger than its max.message.bytes).
+    set_topic_config(h, snapshots, "max.message.bytes", "1024")
+    snap_end = sum(h.end_offsets(snapshots).values())
+    h.produce(events[20_000:])
+    wait_committed(h)  # processing and commits go on
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = ready(worker)
+        if body.get("restore_budget_exceeded") or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert status == 200 and body["restore_budget_exceeded"], body
+    assert metric(worker, "grudge_restore_budget_exceeded") >= 1
+    assert sum(h.end_offsets(snapshots).values()) == snap_end, "no snapshot record should have landed"
+    # The topic takes writes again: the next round's snapshots land and cover everything.
+    set_topic_config(h, snapshots, "max.message.bytes", str(8 * 1024 * 1024))
+    h.wait_caught_up()
+    deadline = time.monotonic() + 30
+    while ready(worker)[1]["restore_budget_exceeded"] and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert ready(worker)[1]["restore_budget_exceeded"] == []
+    assert worker.stop() == 0
+    ref = h.reference()
+    state = h.final_state()
+    for p in range(h.partitions):
+        assert state[p] == ref[p]["sketch"], f"partition {p} differs from an uninterrupted run"
+    expected = set().union(*(r["alerts"] for r in ref.values()))
+    assert expected and expected <= h.alert_ids()
