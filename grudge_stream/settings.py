@@ -200,6 +200,15 @@ class Settings:
             return self.environ[var], var
         return _MISSING, ""
 
+    def __getitem__(self, name: str) -> Any:
+        """The value of a declared setting, parsed, its declared default if unset (what a
+        topology's ``build`` reads: the default is written once, in its declaration)."""
+        try:
+            return self.values[name]
+        except KeyError:
+            where = f"topology {self.topology}" if self.topology else "these settings (not bound to a topology)"
+            raise KeyError(f"setting {name!r} is not declared by {where}") from None
+
     def get(self, name: str, default: Any = None) -> Any:
         if name in self.values:
             return self.values[name]

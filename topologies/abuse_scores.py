@@ -54,11 +54,10 @@ def validate(v: dict) -> None:
 
 
 def build(settings: Settings) -> Topology:
-    g = settings.get
     sketch = ScoreSketchConfig(
-        levels=g("levels", 4),
-        cells_per_level=g("cells_per_level", 100_000),
-        decay=Exponential(g("decay_per_s", 0.01)),
+        levels=settings["levels"],
+        cells_per_level=settings["cells_per_level"],
+        decay=Exponential(settings["decay_per_s"]),
         lo=0.0,
         hi=1.0,
         aggregator="min",
@@ -69,15 +68,15 @@ def build(settings: Settings) -> Topology:
         encoding="json",
         key_field=None,
         value_field="outcome",
-        outcomes={"bad": g("bad_delta", 0.04), "good": g("good_delta", -0.001)},
+        outcomes={"bad": settings["bad_delta"], "good": settings["good_delta"]},
         allow_numbers=False,
         **codec_settings(settings),
     )
-    source = g("source_topic", "abuse-events")
-    operator_id = g("operator_id", "abuse-scores")
-    policy = dict(raise_at=g("raise_at", 0.5), clear_at=g("clear_at", 0.25),
-                  latch_capacity=g("latch_capacity", 100_000), emit_scores=g("emit_scores", "crossings"),
-                  sweep_interval_ms=g("sweep_interval_ms", 10_000), score_mode=g("score_mode", "split"))
+    source = settings["source_topic"]
+    operator_id = settings["operator_id"]
+    policy = dict(raise_at=settings["raise_at"], clear_at=settings["clear_at"],
+                  latch_capacity=settings["latch_capacity"], emit_scores=settings["emit_scores"],
+                  sweep_interval_ms=settings["sweep_interval_ms"], score_mode=settings["score_mode"])
 
     def make_operator(partition: int) -> FeedbackScoreOperator:
         return FeedbackScoreOperator(operator_id=operator_id, source_topic=source, partition=partition,
@@ -85,16 +84,16 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
-        name=g("app_name", None) or "abuse-scores",
+        name=settings["app_name"] or "abuse-scores",
         source_topic=source,
         make_operator=make_operator,
         outputs={
-            "alerts": g("alerts_topic", "abuse-alerts"),
-            "scores": g("scores_topic", "abuse-scores"),
-            "dead_letters": g("dead_letter_topic", "abuse-dead-letters"),
+            "alerts": settings["alerts_topic"],
+            "scores": settings["scores_topic"],
+            "dead_letters": settings["dead_letter_topic"],
         },
-        snapshot_topic=g("snapshot_topic", "abuse-scores-snapshots"),
-        checkpoint_interval_s=g("checkpoint_interval_s", 5.0),
-        restore_fallback=g("restore_fallback", "replay"),
+        snapshot_topic=settings["snapshot_topic"],
+        checkpoint_interval_s=settings["checkpoint_interval_s"],
+        restore_fallback=settings["restore_fallback"],
         description="FAIR-style abuse scores with alerts",
     )

@@ -44,14 +44,14 @@ SETTINGS = [
 
 
 def build(settings: Settings) -> Topology:
-    source = settings.get("source_topic", "dedup-in")
-    operator_id = settings.get("operator_id", "dedup")
-    bloom = BloomConfig(capacity=settings.get("capacity", 1_000_000), fp_rate=settings.get("fp_rate", 0.001),
-                        period_ms=settings.get("period_ms", 3_600_000), hasher="siphash",
-                        overload=settings.get("overload", "shrink_window"))
+    source = settings["source_topic"]
+    operator_id = settings["operator_id"]
+    bloom = BloomConfig(capacity=settings["capacity"], fp_rate=settings["fp_rate"],
+                        period_ms=settings["period_ms"], hasher="siphash",
+                        overload=settings["overload"])
     common = operator_settings(settings, "dedup")
-    key_field = settings.get("key_field", None)
-    dead_letters = settings.get("dead_letter_topic", "dedup-dead-letters")
+    key_field = settings["key_field"]
+    dead_letters = settings["dead_letter_topic"]
     # Keyed by a field: the operators read the repartition topic, keyed by it (docs/runtime.md,
     # "Repartitioning by a field"), so the record key is the id there.
     rp = repartition_plan(settings, source=source, operator_id=operator_id, key_field=key_field,
@@ -67,16 +67,16 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
-        name=settings.get("app_name") or "dedup",
+        name=settings["app_name"] or "dedup",
         source_topic=source,
         make_operator=make_operator,
         outputs={
-            "forward": settings.get("output_topic", "dedup-out"),
+            "forward": settings["output_topic"],
             "dead_letters": dead_letters,
         },
-        snapshot_topic=settings.get("snapshot_topic", "dedup-snapshots"),
-        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
-        restore_fallback=settings.get("restore_fallback", "replay"),
+        snapshot_topic=settings["snapshot_topic"],
+        checkpoint_interval_s=settings["checkpoint_interval_s"],
+        restore_fallback=settings["restore_fallback"],
         description="streaming dedup with a forgetting Bloom filter",
         extra={"repartition": rp} if rp is not None else {},
         app_id=rp.app_id if rp is not None else "",

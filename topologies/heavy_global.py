@@ -41,12 +41,12 @@ SETTINGS = [
 
 
 def build(settings: Settings) -> Topology:
-    source = settings.get("source_topic", "hh-top")
-    operator_id = settings.get("operator_id", "heavy-global")
+    source = settings["source_topic"]
+    operator_id = settings["operator_id"]
     common = operator_settings(settings, "heavy_global", hashed=False)
-    kwargs = dict(top_k=settings.get("top_k", 0), grace_ms=settings.get("grace_ms", 30_000),
-                  max_open_intervals=settings.get("max_open_intervals", 64), keyed=settings.get("keyed", True),
-                  source_partitions=settings.get("source_partitions", 0))
+    kwargs = dict(top_k=settings["top_k"], grace_ms=settings["grace_ms"],
+                  max_open_intervals=settings["max_open_intervals"], keyed=settings["keyed"],
+                  source_partitions=settings["source_partitions"])
 
     def make_operator(partition: int) -> GlobalTopKOperator:
         return GlobalTopKOperator(operator_id=operator_id, source_topic=source, partition=partition,
@@ -54,15 +54,15 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
-        name=settings.get("app_name") or "heavy-global",
+        name=settings["app_name"] or "heavy-global",
         source_topic=source,
         make_operator=make_operator,
         outputs={
-            "global_reports": settings.get("global_reports_topic", "hh-global"),
-            "dead_letters": settings.get("dead_letter_topic", "hh-global-dead-letters"),
+            "global_reports": settings["global_reports_topic"],
+            "dead_letters": settings["dead_letter_topic"],
         },
-        snapshot_topic=settings.get("snapshot_topic", "hh-global-snapshots"),
-        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
-        restore_fallback=settings.get("restore_fallback", "replay"),
+        snapshot_topic=settings["snapshot_topic"],
+        checkpoint_interval_s=settings["checkpoint_interval_s"],
+        restore_fallback=settings["restore_fallback"],
         description="global top-k over heavy_hitters' per-partition reports",
     )

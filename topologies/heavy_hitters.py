@@ -53,15 +53,15 @@ def validate(v: dict) -> None:
 
 
 def build(settings: Settings) -> Topology:
-    source = settings.get("source_topic", "hh-requests")
-    operator_id = settings.get("operator_id", "heavy-hitters")
-    sketch = CountMinConfig(depth=settings.get("depth", 4), width=settings.get("width", 65_536),
-                            epoch_ms=settings.get("epoch_ms", 1000), hasher="siphash")
+    source = settings["source_topic"]
+    operator_id = settings["operator_id"]
+    sketch = CountMinConfig(depth=settings["depth"], width=settings["width"],
+                            epoch_ms=settings["epoch_ms"], hasher="siphash")
     common = operator_settings(settings, "heavy_hitters")
-    encoding = settings.get("encoding", "raw")
+    encoding = settings["encoding"]
     keys = codec_settings(settings)
-    key_field = settings.get("key_field", None)
-    dead_letters = settings.get("dead_letter_topic", "hh-dead-letters")
+    key_field = settings["key_field"]
+    dead_letters = settings["dead_letter_topic"]
     # Keyed by a field: the operators read the repartition topic, keyed by it (docs/runtime.md,
     # "Repartitioning by a field"), so the record key is the key there.
     rp = repartition_plan(settings, source=source, operator_id=operator_id, key_field=key_field,
@@ -70,8 +70,8 @@ def build(settings: Settings) -> Topology:
         source = rp.topic
     codec = (EventCodec(encoding="raw", **keys) if encoding == "raw"
              else EventCodec(key_field=key_field if rp is None else None, value_field="weight", **keys))
-    kwargs = dict(raise_at=settings.get("raise_at", 5000.0), clear_at=settings.get("clear_at", 1000.0),
-                  top_k=settings.get("top_k", 100), report_interval_ms=settings.get("report_interval_ms", 10_000))
+    kwargs = dict(raise_at=settings["raise_at"], clear_at=settings["clear_at"],
+                  top_k=settings["top_k"], report_interval_ms=settings["report_interval_ms"])
 
     def make_operator(partition: int) -> HeavyHitterOperator:
         return HeavyHitterOperator(operator_id=operator_id, source_topic=source, partition=partition,
@@ -79,17 +79,17 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
-        name=settings.get("app_name") or "heavy-hitters",
+        name=settings["app_name"] or "heavy-hitters",
         source_topic=source,
         make_operator=make_operator,
         outputs={
-            "alerts": settings.get("alerts_topic", "hh-alerts"),
-            "reports": settings.get("reports_topic", "hh-top"),
+            "alerts": settings["alerts_topic"],
+            "reports": settings["reports_topic"],
             "dead_letters": dead_letters,
         },
-        snapshot_topic=settings.get("snapshot_topic", "hh-snapshots"),
-        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
-        restore_fallback=settings.get("restore_fallback", "replay"),
+        snapshot_topic=settings["snapshot_topic"],
+        checkpoint_interval_s=settings["checkpoint_interval_s"],
+        restore_fallback=settings["restore_fallback"],
         description="decayed heavy hitters with alerts and top-k reports",
         extra={"repartition": rp} if rp is not None else {},
         app_id=rp.app_id if rp is not None else "",

@@ -44,24 +44,24 @@ SETTINGS = [
 
 
 def build(settings: Settings) -> Topology:
-    source = settings.get("source_topic", "ratelimit-requests")
-    operator_id = settings.get("operator_id", "rate-limit")
+    source = settings["source_topic"]
+    operator_id = settings["operator_id"]
     bucket = TokenBucketConfig(
-        rate_per_s=settings.get("rate_per_s", 10.0),
-        burst=settings.get("burst", 20.0),
-        reject_penalty=settings.get("reject_penalty", 0.0),
-        levels=settings.get("levels", 4),
-        cells_per_level=settings.get("cells_per_level", 100_000),
+        rate_per_s=settings["rate_per_s"],
+        burst=settings["burst"],
+        reject_penalty=settings["reject_penalty"],
+        levels=settings["levels"],
+        cells_per_level=settings["cells_per_level"],
         hasher="siphash",
     )
     params = dict(
-        emit=settings.get("emit", "all"),
-        default_cost=settings.get("default_cost", 1.0),
-        request_id_header=settings.get("request_id_header", "request-id") or None,
-        request_id_field=settings.get("request_id_field", "request_id") or None,
+        emit=settings["emit"],
+        default_cost=settings["default_cost"],
+        request_id_header=settings["request_id_header"] or None,
+        request_id_field=settings["request_id_field"] or None,
     )
     common = operator_settings(settings, "rate_limit")
-    codec = RequestCodec.of(EventCodec(value_field=settings.get("cost_field", "cost"), **codec_settings(settings)),
+    codec = RequestCodec.of(EventCodec(value_field=settings["cost_field"], **codec_settings(settings)),
                             params["default_cost"], params["request_id_field"])
 
     def make_operator(partition: int) -> RateLimitOperator:
@@ -70,15 +70,15 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
-        name=settings.get("app_name") or "rate-limit",
+        name=settings["app_name"] or "rate-limit",
         source_topic=source,
         make_operator=make_operator,
         outputs={
-            "decisions": settings.get("decisions_topic", "ratelimit-decisions"),
-            "dead_letters": settings.get("dead_letter_topic", "ratelimit-dead-letters"),
+            "decisions": settings["decisions_topic"],
+            "dead_letters": settings["dead_letter_topic"],
         },
-        snapshot_topic=settings.get("snapshot_topic", "ratelimit-snapshots"),
-        checkpoint_interval_s=settings.get("checkpoint_interval_s", 5.0),
-        restore_fallback=settings.get("restore_fallback", "replay"),
+        snapshot_topic=settings["snapshot_topic"],
+        checkpoint_interval_s=settings["checkpoint_interval_s"],
+        restore_fallback=settings["restore_fallback"],
         description="token-bucket rate limiting with exact retry-after",
     )

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -104,7 +105,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     while the loop is wedged, /live turns 503 (and back to 200 once the loop beats again)."""
     from grudge_devkafka import free_port
     from grudge_stream.metrics import Metrics
-    from grudge_stream.runtime.batch import BatchWorker
+    from grudge_stream.runtime.batch import BatchWorker, ProcessingRate
 
     clock = FakeClock()
     worker = object.__new__(BatchWorker)  # no Kafka clients: only what the HTTP handler reads
@@ -112,7 +113,9 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     worker.settings = Settings({"web_port": str(port)}, environ={})
     worker.liveness = Liveness(60.0, clock=clock)
     worker.metrics = Metrics()
-    worker.assigned, worker.slots = {0}, {0: object()}
+    # A restored partition: what /ready reports of its restore replay.
+    worker.assigned, worker.slots = {0}, {0: SimpleNamespace(unsnapshotted=5000, last_snapshot_wall=0.0)}
+    worker.rate, worker.replay_budget_s = ProcessingRate(), 10.0
 
     class Reachable:  # the broker probe: the cluster answers
         reachable, error = True, None
@@ -130,7 +133,9 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
         status, body = _get(base + "/live")
         assert status == 503 and body["live"] is False and body["last_progress_s"] == 61.0
         assert _get(base + "/metrics")[0] == 200
-        assert _get(base + "/ready")[0] == 200, "readiness cannot tell: that is what /live is for"
+        status, ready = _get(base + "/ready")
+        assert status == 200, "readiness cannot tell: that is what /live is for"
+        assert ready["replay"]["0"]["replay_records"] == 5000 and ready["restore_budget_exceeded"] == []
         worker.liveness.beat()
         assert _get(base + "/live")[0] == 200
         worker.broker.ok = lambda: False  # the cluster stopped answering
