@@ -269,12 +269,12 @@ COMMON: list[Setting] = [
     S("late_policy", "choice", "dead_letter", "events beyond max_late_ms", choices=("dead_letter", "count")),
     S("max_key_bytes", "int", 1024, "longer keys are dead-lettered (0: no limit)", "bytes", min=0),
     S("allow_empty_keys", "bool", False, "apply events with an empty key instead of dead-lettering them"),
-    S("checkpoint_interval_s", "float", 5.0, "how often snapshots are considered (Faust runtime and embedded "
-      "states: the snapshot cadence)", "s", min=0, min_inclusive=False),
-    S("snapshot_replay_budget_s", "float", 10.0, "batch runtime: a partition's snapshot is due once a restore "
-      "would replay more than this much work (records since its snapshot at the measured processing rate); "
+    S("checkpoint_interval_s", "float", 5.0, "how often snapshots are considered (embedded states: the snapshot "
+      "cadence)", "s", min=0, min_inclusive=False),
+    S("snapshot_replay_budget_s", "float", 5.0, "workers: snapshots are due once a restore of the worker's "
+      "partitions would replay more than this much work (records since their snapshots at the measured rate); "
       "0: every changed partition at every checkpoint_interval_s", "s", min=0),
-    S("snapshot_max_age_s", "float", 3600.0, "batch runtime: a changed partition is snapshotted at least this "
+    S("snapshot_max_age_s", "float", 3600.0, "workers: a changed partition is snapshotted at least this "
       "often, whatever the budget (keep it well below the source topic's retention)", "s", min=0,
       min_inclusive=False),
     S("restore_fallback", "choice", "replay", "when no snapshot is usable (corrupt, missing chunks)",

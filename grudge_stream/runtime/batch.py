@@ -55,28 +55,11 @@ from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
 from grudge_stream.partitions import PartitionSlot, snapshot_write, snapshots_written
-from grudge_stream.runtime.core import CheckpointCadence, Transaction, WorkerCore
+from grudge_stream.runtime.core import Transaction, WorkerCore
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 
 log = logging.getLogger("grudge_stream.batch")
-
-
-class ProcessingRate:
-    """Records per second of processing time (an exponentially weighted mean over batches):
-    what a restore's replay of ``n`` records costs, ``n / rate``. Until measured, a
-    conservative guess."""
-
-    __slots__ = ("per_s",)
-    INITIAL = 100_000.0
-    WEIGHT = 0.05
-
-    def __init__(self) -> None:
-        self.per_s = self.INITIAL
-
-    def observe(self, records: int, seconds: float) -> None:
-        if records >= 100 and seconds > 0:  # tiny batches measure call overhead, not replay speed
-            self.per_s += self.WEIGHT * (records / seconds - self.per_s)
 
 
 class SnapshotWriter:
@@ -143,14 +126,9 @@ class BatchWorker(WorkerCore):
         # are committed every commit_interval_s once the outputs before them are delivered (or
         # in the exactly-once transaction); a partition is snapshotted only when its replay
         # budget or its snapshot_max_age_s is spent.
-        self.commits = CheckpointCadence(setting(settings, "commit_interval_s"))
-        self.replay_budget_s = setting(settings, "snapshot_replay_budget_s")
-        self.snapshot_max_age_s = setting(settings, "snapshot_max_age_s")
-        self.rate = ProcessingRate()
         self.committed: dict[int, int] = {}
         self._pending_commit: tuple[int, dict[int, int]] | None = None
         self.writer: SnapshotWriter | None = None
-        self._replay_recorded = 0.0
         conf = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.app_id,
@@ -208,12 +186,8 @@ class BatchWorker(WorkerCore):
             if tp.topic != self.topic:
                 continue
             self.liveness.beat()  # restores run in consume(): each partition counts as progress
-            outcome = self.restore(tp.partition)
-            if outcome.operator.next_offset is None and tp.partition in committed:
-                # Offsets were committed, but no snapshot was kept: rebuild from the start.
-                outcome.operator.next_offset = self._low_watermark(tp.partition)
-            slot = self.adopt(tp.partition, outcome)
-            slot.suppress_below(committed.get(tp.partition))
+            outcome = self.restart_point(tp.partition, self.restore(tp.partition), committed.get(tp.partition))
+            slot = self.resume(tp.partition, outcome, committed.get(tp.partition))
             self.committed[tp.partition] = committed.get(tp.partition, -1)
             start = slot.operator.next_offset
             tp.offset = start if start is not None else OFFSET_BEGINNING
@@ -252,9 +226,12 @@ class BatchWorker(WorkerCore):
         try:
             while not self.stopping.is_set():
                 self.liveness.beat()
+                t0 = time.perf_counter()
                 msgs = self.consumer.consume(self.batch_size, timeout=batch_wait)
                 if msgs:
                     self._process(msgs, with_headers)
+                    if len(msgs) >= self.batch_size:  # a backlog: the speed a replay reads and applies at
+                        self.rate.observe(len(msgs), time.perf_counter() - t0)
                 if self.transaction is None:
                     self._commit_if_due()
                     self._finish_writer()
@@ -264,7 +241,7 @@ class BatchWorker(WorkerCore):
                     self._snapshot_round()
                 self.waiting.tick(len(self.assigned))
                 self.record_lag(log_end)
-                self._record_replay()
+                self.record_replay()
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 self._finish_writer(wait=True)
@@ -301,19 +278,15 @@ class BatchWorker(WorkerCore):
         for m in errors:
             if m.error().code() != KafkaError._PARTITION_EOF:
                 log.warning("consume error: %s", m.error())
-        t0 = time.perf_counter()
-        n = 0
         for p, batch in groups.items():
             slot = self.slots.get(p)
             if slot is None:
                 continue
-            n += len(batch) if with_headers else len(batch[0])
             with slot.lock:
                 out = slot.process(batch) if with_headers else slot.process_columns(topic, *batch)
             if out:
                 self.begin_outputs()
                 self.publisher.publish(out)
-        self.rate.observe(n, time.perf_counter() - t0)
 
     # -- commits and snapshots ----------------------------------------------------------------------
 
@@ -375,56 +348,13 @@ class BatchWorker(WorkerCore):
             if moved:
                 self._pending_commit = (publisher.mark(), moved)
 
-    def replay_report(self) -> dict[int, dict]:
-        """Per partition: the replay a restore would need now (records, estimated seconds), the
-        age of its snapshot, and whether the replay is past 1.5x the budget (snapshots are not
-        landing: the snapshot topic refuses writes, say)."""
-        now = time.monotonic()
-        rate = self.rate.per_s
-        out = {}
-        for p, slot in list(self.slots.items()):
-            seconds = slot.unsnapshotted / rate
-            out[p] = {"replay_records": slot.unsnapshotted, "replay_s": round(seconds, 3),
-                      "snapshot_age_s": round(now - slot.last_snapshot_wall, 1),
-                      "budget_exceeded": self.replay_budget_s > 0 and seconds > 1.5 * self.replay_budget_s}
-        return out
-
-    def _record_replay(self) -> None:
-        now = time.monotonic()
-        if now - self._replay_recorded < 1.0:
-            return
-        self._replay_recorded = now
-        m, op_id = self.metrics, self.topology.operator_id
-        for p, r in self.replay_report().items():
-            labels = (op_id, str(p))
-            m.replay_records.labels(*labels).set(r["replay_records"])
-            m.replay_seconds.labels(*labels).set(r["replay_s"])
-            m.replay_budget_exceeded.labels(*labels).set(1 if r["budget_exceeded"] else 0)
-
-    def ready_status(self) -> tuple[int, dict]:
-        """``/ready`` with each partition's restore replay (``replay_report``): a worker whose
-        snapshots do not land stays ready (it processes and commits), and says so."""
-        status, body = super().ready_status()
-        report = self.replay_report()
-        body["replay"] = {str(p): r for p, r in sorted(report.items())}
-        body["restore_budget_exceeded"] = sorted(p for p, r in report.items() if r["budget_exceeded"])
-        return status, body
-
-    def _snapshot_due(self, slot: PartitionSlot, now: float) -> bool:
-        if not slot.dirty:
-            return False  # an idle partition is never rewritten
-        if self.replay_budget_s <= 0 or now - slot.last_snapshot_wall >= self.snapshot_max_age_s:
-            return True
-        return slot.unsnapshotted / self.rate.per_s >= self.replay_budget_s
-
     def _snapshot_round(self) -> None:
         """At-least-once: the partitions whose budget is spent are copied now, at a batch
         boundary, and written by a ``SnapshotWriter`` while processing goes on."""
         self.cadence.done()
         if self.writer is not None or self.no_more_snapshots:
             return
-        now = time.monotonic()
-        due = [s for s in self.slots.values() if self._snapshot_due(s, now)]
+        due = self.due_snapshots()
         if due:
             writes = [snapshot_write(s) for s in due]
             self.writer = SnapshotWriter(self.store, due, writes, self.publisher.mark())
@@ -473,8 +403,7 @@ class BatchWorker(WorkerCore):
         due: list[PartitionSlot] = []
         if self.cadence.due():
             self.cadence.done()
-            now = time.monotonic()
-            due = [s for s in self.slots.values() if self._snapshot_due(s, now)] if not self.no_more_snapshots else []
+            due = self.due_snapshots() if not self.no_more_snapshots else []
         self.commits.done()
         moved = self._moved()
         if not txn.open and not moved and not due:

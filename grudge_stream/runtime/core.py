@@ -91,6 +91,23 @@ class CheckpointCadence:
         self.last = self._clock()
 
 
+class ProcessingRate:
+    """Records per second a worker reads and processes with a backlog (an exponentially
+    weighted mean over full batches): what a restore's replay of ``n`` records costs,
+    ``n / rate``. Until measured, a conservative guess."""
+
+    __slots__ = ("per_s",)
+    INITIAL = 100_000.0
+    WEIGHT = 0.05
+
+    def __init__(self) -> None:
+        self.per_s = self.INITIAL
+
+    def observe(self, records: int, seconds: float) -> None:
+        if records >= 100 and seconds > 0:  # tiny batches measure call overhead, not replay speed
+            self.per_s += self.WEIGHT * (records / seconds - self.per_s)
+
+
 class Transaction:
     """The exactly-once transaction of a checkpoint interval: outputs, snapshot chunks and
     manifests, and the source offsets the snapshots cover (``send_offsets_to_transaction``),
@@ -147,6 +164,15 @@ class WorkerCore:
         self.commit_limits: dict[int, int] = {}
         self.partition_count: int | None = None
         self.cadence = CheckpointCadence(topology.checkpoint_interval_s)
+        # A partition's snapshot is due when a restore would replay more than the budget
+        # (docs/checkpoints.md): records since its snapshot at the measured processing rate.
+        self.replay_budget_s = setting(settings, "snapshot_replay_budget_s")
+        self.snapshot_max_age_s = setting(settings, "snapshot_max_age_s")
+        self.rate = ProcessingRate()
+        self._replay_recorded = 0.0
+        # Offsets commit every commit_interval_s, apart from snapshots.
+        self.commits = CheckpointCadence(setting(settings, "commit_interval_s"))
+        self._pending_limits: tuple[int, dict[int, int]] | None = None
         # Set when processing died of an unexpected error, or outputs could not be delivered
         # on the way out: no snapshot is written after that (the state may be ahead of its
         # outputs; the next owner replays from the last good one).
@@ -269,8 +295,11 @@ class WorkerCore:
         return {s.partition: s.snapshotted_offset for s in dirty if s.snapshotted_offset is not None}
 
     def checkpointed(self, offsets: dict[int, int]) -> None:
-        """Bookkeeping after a round: commit limits up to the snapshots, the cadence restarted."""
-        self.commit_limits.update(offsets)
+        """Bookkeeping after a round: commit limits up to the snapshots (never back), the
+        cadence restarted."""
+        for p, o in offsets.items():
+            if o > self.commit_limits.get(p, -1):
+                self.commit_limits[p] = o
         self.cadence.done()
 
     def checkpoint(self, partitions=None) -> None:
@@ -313,11 +342,121 @@ class WorkerCore:
             self.log.error("checkpoint failed (%s); the previous snapshot stays current, retrying at the "
                            "next interval", exc)
 
-    # -- health -----------------------------------------------------------------------------------
+    # -- health and the snapshot budget -----------------------------------------------------------
+
+    def replay_report(self) -> dict[int, dict]:
+        """Per partition: the replay a restore would need now (records, estimated seconds) and
+        the age of its snapshot."""
+        now = time.monotonic()
+        rate = self.rate.per_s
+        return {p: {"replay_records": slot.unsnapshotted, "replay_s": round(slot.unsnapshotted / rate, 3),
+                    "snapshot_age_s": round(now - slot.last_snapshot_wall, 1)}
+                for p, slot in list(self.slots.items())}
+
+    def budget_exceeded(self, report: dict[int, dict]) -> list[int]:
+        """The partitions that hold up a restore past 1.5x the budget (snapshots are not
+        landing: the snapshot topic refuses writes, say); none while within it."""
+        if self.replay_budget_s <= 0 or sum(r["replay_s"] for r in report.values()) <= 1.5 * self.replay_budget_s:
+            return []
+        return sorted(p for p, r in report.items() if r["replay_records"])
+
+    def record_replay(self) -> None:
+        now = time.monotonic()
+        if now - self._replay_recorded < 1.0:
+            return
+        self._replay_recorded = now
+        m, op_id = self.metrics, self.topology.operator_id
+        report = self.replay_report()
+        exceeded = set(self.budget_exceeded(report))
+        for p, r in report.items():
+            labels = (op_id, str(p))
+            m.replay_records.labels(*labels).set(r["replay_records"])
+            m.replay_seconds.labels(*labels).set(r["replay_s"])
+            m.replay_budget_exceeded.labels(*labels).set(1 if p in exceeded else 0)
 
     def ready_status(self) -> tuple[int, dict]:
-        """HTTP status and JSON body of ``/ready``."""
-        return readiness(self.assigned, self.slots, self.broker)
+        """``/ready`` with each partition's restore replay (``replay_report``) and their sum: a
+        worker whose snapshots do not land stays ready (it processes and commits), and says so."""
+        status, body = readiness(self.assigned, self.slots, self.broker)
+        report = self.replay_report()
+        body["replay"] = {str(p): r for p, r in sorted(report.items())}
+        body["restore_replay_s"] = round(sum(r["replay_s"] for r in report.values()), 3)
+        body["restore_budget_exceeded"] = self.budget_exceeded(report)
+        return status, body
+
+    def due_snapshots(self, now: float | None = None) -> list[PartitionSlot]:
+        """The slots to snapshot now. A restore after a crash replays every partition of the
+        worker, so the budget holds for their sum: once the records applied since their
+        snapshots would take more than ``snapshot_replay_budget_s`` to replay (at the measured
+        rate), the partitions that hold most are due, until half the budget is left. A slot
+        whose snapshot is ``snapshot_max_age_s`` old is due whatever the budget; an idle one
+        never (``snapshot_replay_budget_s`` 0: every changed slot)."""
+        now = time.monotonic() if now is None else now
+        changed = [s for s in list(self.slots.values()) if s.dirty]
+        if self.replay_budget_s <= 0:
+            return changed
+        due = [s for s in changed if now - s.last_snapshot_wall >= self.snapshot_max_age_s]
+        rest = sorted((s for s in changed if s not in due), key=lambda s: s.unsnapshotted, reverse=True)
+        rate = self.rate.per_s
+        left = sum(s.unsnapshotted for s in rest) / rate
+        if left >= self.replay_budget_s:
+            for s in rest:
+                due.append(s)
+                left -= s.unsnapshotted / rate
+                if left < self.replay_budget_s / 2:
+                    break
+        return due
+
+    # -- commits apart from snapshots ---------------------------------------------------------------
+
+    def group_committed(self, partitions) -> dict[int, int]:
+        """The group's committed offsets of ``partitions``, those it has (blocking)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        if not partitions:
+            return {}
+        admin = AdminClient(self.client_config)
+        req = ConsumerGroupTopicPartitions(self.app_id, [TopicPartition(self.topic, p) for p in partitions])
+        res = admin.list_consumer_group_offsets([req], request_timeout=30)[self.app_id].result(30)
+        return {tp.partition: tp.offset for tp in res.topic_partitions if tp.error is None and tp.offset >= 0}
+
+    def restart_point(self, partition: int, outcome: RestoreOutcome, committed: int | None) -> RestoreOutcome:
+        """A restored partition whose group committed offsets but kept no snapshot (they are
+        apart now) is rebuilt from its earliest retained offset, silently up to the commit
+        (``PartitionSlot.suppress_below``) — never resumed at the commit with an empty sketch."""
+        if outcome.operator.next_offset is None and committed is not None:
+            outcome.operator.next_offset = self._low_watermark(partition)
+        return outcome
+
+    def resume(self, partition: int, outcome: RestoreOutcome, committed: int | None) -> PartitionSlot:
+        """``adopt``, then the replay up to the group's committed offset stays silent, and the
+        commit limit never falls below that offset (a commit must not move the group back)."""
+        slot = self.adopt(partition, outcome)
+        slot.suppress_below(committed)
+        if committed is not None and committed > self.commit_limits.get(partition, -1):
+            self.commit_limits[partition] = committed
+        return slot
+
+    def advance_commit_limits(self) -> None:
+        """Runtimes whose consumer commits on its own (Faust): every ``commit_interval_s`` note
+        each partition's next offset and the output stream's position; once every output
+        before that position is delivered, the commit limits move there — ahead of the
+        snapshots, which a restore makes up for by replaying silently to the committed offset."""
+        pending = self._pending_limits
+        if pending is not None:
+            mark, offsets = pending
+            if self.publisher.delivered_through(mark):
+                for p, o in offsets.items():
+                    if p in self.slots and o > self.commit_limits.get(p, -1):
+                        self.commit_limits[p] = o
+                self._pending_limits = None
+        if self._pending_limits is None and self.commits.due():
+            self.commits.done()
+            moved = {p: s.operator.next_offset for p, s in self.slots.items()
+                     if s.operator.next_offset is not None and s.operator.next_offset > self.commit_limits.get(p, -1)}
+            if moved:
+                self._pending_limits = (self.publisher.mark(), moved)
 
     @property
     def ready(self) -> bool:

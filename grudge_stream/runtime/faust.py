@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -262,14 +263,19 @@ class FaustRuntime(WorkerCore):
         tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
         self.assigned = {tp.partition for tp in tps}
         self.metrics.assigned.set(len(tps))
+        loop = asyncio.get_running_loop()
+        new = [tp.partition for tp in tps if tp.partition not in self.slots]
+        # Commits run ahead of snapshots: a restored partition replays silently up to them.
+        committed = await loop.run_in_executor(None, self.group_committed, new) if new else {}
         for tp in tps:
             p = tp.partition
             if p not in self.slots:
                 self.liveness.beat()  # a rebalance's restores count as progress, per partition
                 outcome = await self._start_restore(p)
+                outcome = await loop.run_in_executor(None, self.restart_point, p, outcome, committed.get(p))
                 self.liveness.beat()
                 self.restoring.pop(p, None)
-                self.adopt(p, outcome)
+                self.resume(p, outcome, committed.get(p))
             start = self.slots[p].operator.next_offset
             if start is not None:
                 await consumer.seek_from_consumer_thread(tp, start)
@@ -297,6 +303,7 @@ class FaustRuntime(WorkerCore):
                 by_partition[m.partition].append(SourceRecord(
                     topic, m.partition, m.offset, int(round(m.timestamp * 1000)), m.key, m.value,
                     _headers(m.headers)))
+            t0 = time.perf_counter()
             with self._processing():
                 for p, records in by_partition.items():
                     slot = self.slots.get(p)
@@ -307,12 +314,15 @@ class FaustRuntime(WorkerCore):
                     outputs = slot.process(records)
                     if outputs:
                         self.publisher.publish(outputs)
+            # Processing time only: a replay also fetches, at about the same cost again.
+            self.rate.observe(len(events), 2 * (time.perf_counter() - t0))
             await self._checkpoint_if_due()
 
     async def handle_records(self, batch: dict[int, list]) -> None:
         """Process fetched aiokafka records, grouped by partition (the batch drain path)."""
         async with self.lock:
             topic = self.topic
+            t0 = time.perf_counter()
             with self._processing():
                 if self.needs_headers:
                     # Forwarding operators read headers: SourceRecords for them only.
@@ -332,6 +342,8 @@ class FaustRuntime(WorkerCore):
                     outputs = slot.process_columns(topic, offs, tss, keys, vals)
                     if outputs:
                         self.publisher.publish(outputs)
+            # Processing time only: a replay also fetches, at about the same cost again.
+            self.rate.observe(sum(len(recs) for recs in batch.values()), 2 * (time.perf_counter() - t0))
             await self._checkpoint_if_due()
 
     @contextlib.contextmanager
@@ -345,14 +357,24 @@ class FaustRuntime(WorkerCore):
             raise
 
     async def _checkpoint_if_due(self) -> None:
-        """After a batch, under ``lock``: a periodic round if the cadence says one is due."""
+        """After a batch, under ``lock``: commit limits moved on (``advance_commit_limits``),
+        and a periodic round if the cadence says one is due."""
+        if self.publisher.has_failures():
+            # Refused outputs are re-sent or dead-lettered by a flush (off the loop).
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: self.publisher.flush(should_stop=self.is_stopping))
+            except DeliveryError as exc:
+                self.round_failed(exc)
+        self.advance_commit_limits()
         if self.cadence.due():
             await self._periodic_checkpoint()
 
     async def _periodic_checkpoint(self) -> None:
-        """A checkpoint round whose failure is logged, not fatal (``WorkerCore.round_failed``)."""
+        """A checkpoint round of the partitions whose snapshot budget is spent
+        (``WorkerCore.due_snapshots``); its failure is logged, not fatal (``round_failed``)."""
         try:
-            await self._checkpoint(list(self.slots))
+            await self._checkpoint([s.partition for s in self.due_snapshots()])
         except (CheckpointError, DeliveryError) as exc:
             self.round_failed(exc)
 
@@ -374,7 +396,8 @@ class FaustRuntime(WorkerCore):
         self.waiting.tick(len(self.assigned))
         if self.consumer is not None:
             self.record_lag(self._log_end)
-        if self.cadence.due():
+        self.record_replay()
+        if self.cadence.due() or self.commits.due() or self._pending_limits is not None:
             async with self.lock:
                 await self._checkpoint_if_due()
 
@@ -456,7 +479,9 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
     app.on_partitions_assigned.connect(runtime.on_assigned)
     app.on_partitions_revoked.connect(runtime.on_revoked)
     app.on_before_shutdown.connect(runtime.on_shutdown)
-    app.timer(max(0.5, topology.checkpoint_interval_s / 2), name=f"{topology.name}-checkpoint")(
+    # Also moves the commit limits on while no records arrive (commit_interval_s).
+    tick_s = max(0.1, min(setting(settings, "commit_interval_s"), topology.checkpoint_interval_s / 2))
+    app.timer(tick_s, name=f"{topology.name}-checkpoint")(
         runtime.checkpoint_tick)
 
     @app.page("/ready")

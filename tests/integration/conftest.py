@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -77,6 +79,20 @@ class Worker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        """Until ``/ready`` answers 200 (the worker started and restored its partitions)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            assert self.proc.poll() is None, f"worker exited: {self.log()[-3000:]}"
+            assert time.monotonic() < deadline, f"worker not ready after {timeout}s: {self.log()[-3000:]}"
+            time.sleep(0.2)
 
 
 class Harness:
@@ -315,6 +331,20 @@ class ExampleApp:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        """Until ``/ready`` answers 200 (the worker started and restored its partitions)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            assert self.proc.poll() is None, f"worker exited: {self.log()[-3000:]}"
+            assert time.monotonic() < deadline, f"worker not ready after {timeout}s: {self.log()[-3000:]}"
+            time.sleep(0.2)
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

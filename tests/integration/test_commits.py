@@ -1,4 +1,4 @@
-"""Commits apart from snapshots (batch runtime, default snapshot budget), on the real broker.
+"""Commits apart from snapshots (both runtimes, default snapshot budget), on the real broker.
 
 Offsets are committed every ``commit_interval_s`` while no periodic snapshot is written
 (the replay budget is far from spent); a worker killed with kill -9 restores the last
@@ -49,9 +49,10 @@ def metric(worker, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{"))
 
 
-@pytest.mark.parametrize("exactly_once", ["false", "true"])
-def test_offsets_commit_without_snapshots_and_a_restore_replays_silently(harness, exactly_once: str) -> None:
-    h = harness(partitions=3, runtime="batch", exactly_once=exactly_once, **BUDGET)
+@pytest.mark.parametrize("runtime,exactly_once", [("batch", "false"), ("batch", "true"), ("faust", "false")])
+def test_offsets_commit_without_snapshots_and_a_restore_replays_silently(harness, runtime: str,
+                                                                         exactly_once: str) -> None:
+    h = harness(partitions=3, runtime=runtime, exactly_once=exactly_once, **BUDGET)
     events = h.make_events(40_000, seed=21)
     h.produce(events[:25_000])
     port = free_port()

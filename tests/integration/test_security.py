@@ -165,7 +165,9 @@ def topic_settings() -> dict[str, str]:
     return {"source_topic": f"sec-{run}-events", "alerts_topic": f"sec-{run}-alerts",
             "scores_topic": f"sec-{run}-scores", "dead_letter_topic": f"sec-{run}-dlq",
             "snapshot_topic": f"sec-{run}-snapshots", "operator_id": f"abuse-{run}",
-            "cells_per_level": "5000", "checkpoint_interval_s": "1.0"}
+            "cells_per_level": "5000", "checkpoint_interval_s": "1.0",
+            # Snapshots every second (the tests wait for them), not when a replay budget is spent.
+            "snapshot_replay_budget_s": "0"}
 
 
 def sets(settings: dict[str, str]) -> list[str]:

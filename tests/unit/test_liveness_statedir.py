@@ -105,7 +105,8 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     while the loop is wedged, /live turns 503 (and back to 200 once the loop beats again)."""
     from grudge_devkafka import free_port
     from grudge_stream.metrics import Metrics
-    from grudge_stream.runtime.batch import BatchWorker, ProcessingRate
+    from grudge_stream.runtime.batch import BatchWorker
+    from grudge_stream.runtime.core import ProcessingRate
 
     clock = FakeClock()
     worker = object.__new__(BatchWorker)  # no Kafka clients: only what the HTTP handler reads
