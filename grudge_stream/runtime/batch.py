@@ -167,11 +167,6 @@ class BatchWorker(WorkerCore):
         self.committed.update(offsets)
         self.metrics.commits.labels(self.topology.operator_id).inc()
 
-    def _group_committed(self, partitions: list[int]) -> dict[int, int]:
-        """The group's committed offsets of ``partitions`` (those with one)."""
-        tps = self.consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=30)
-        return {tp.partition: tp.offset for tp in tps if tp.error is None and tp.offset >= 0}
-
     # -- group membership ------------------------------------------------------------------------
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -181,7 +176,8 @@ class BatchWorker(WorkerCore):
         self.metrics.assigned.set(len(self.assigned))
         self._finish_writer(wait=True)
         ours = [tp.partition for tp in partitions if tp.topic == self.topic]
-        committed = self._group_committed(ours) if ours else {}
+        # The core's admin client, never the consumer inside its own rebalance callback.
+        committed = self.group_committed(ours)
         for tp in partitions:
             if tp.topic != self.topic:
                 continue
