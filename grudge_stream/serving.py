@@ -304,7 +304,7 @@ class ScoreQueries:
 
     def __init__(self, slot_of: Callable[[int], Any], partition_count: Callable[[], int | None], *,
                  partitioner: str = "murmur2", directory: MembersDirectory | None = None,
-                 url: str = "", forward_timeout_s: float = FORWARD_TIMEOUT_S) -> None:
+                 url: str = "", forward_timeout_s: float = FORWARD_TIMEOUT_S, debug_detail: bool = False) -> None:
         if partitioner not in PARTITIONERS:
             raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {partitioner!r}")
         self.slot_of = slot_of
@@ -313,13 +313,23 @@ class ScoreQueries:
         self.directory = directory
         self.url = url
         self.forward_timeout_s = forward_timeout_s
+        # Per-level reads, cell indexes and the slot's offsets in every answer: they show
+        # which cells a key occupies (a framing search's input). Debugging only.
+        self.debug_detail = bool(debug_detail)
 
     @classmethod
     def from_settings(cls, settings: Any, slot_of: Callable[[int], Any],
                       partition_count: Callable[[], int | None],
                       directory: MembersDirectory | None) -> "ScoreQueries":
+        from grudge_stream.settings import setting
+
+        debug = bool(setting(settings, "query_debug_detail"))
+        if debug:
+            log.warning("query_debug_detail=true: score answers carry per-level reads and cell indexes, "
+                        "which let anyone who can query search for keys that frame or hide another "
+                        "(docs/serving.md). Turn it off outside debugging.")
         return cls(slot_of, partition_count, partitioner=settings.get("key_partitioner", "murmur2"),
-                   directory=directory, url=advertised_url(settings))
+                   directory=directory, url=advertised_url(settings), debug_detail=debug)
 
     def partition_count(self) -> int | None:
         n = self._partition_count()
@@ -336,14 +346,17 @@ class ScoreQueries:
             return None
         op = slot.operator
         describe = getattr(op, "describe_key", None)
+        debug = self.debug_detail
         lock = getattr(slot, "lock", None)
         if lock is not None:
             lock.acquire()
         try:
-            detail = describe(key) if describe is not None else {"kind": op.kind, "error": "not_supported"}
-            meta = {"partition": partition, "partitions": n, "operator": op.operator_id,
-                    "watermark_ms": op.watermark, "next_offset": op.next_offset,
-                    "snapshot_offset": slot.snapshotted_offset, "restore_mode": slot.restore_mode}
+            detail = (describe(key, debug) if describe is not None
+                      else {"kind": op.kind, "error": "not_supported"})
+            meta = {"partition": partition, "watermark_ms": op.watermark}
+            if debug:
+                meta.update(partitions=n, operator=op.operator_id, next_offset=op.next_offset,
+                            snapshot_offset=slot.snapshotted_offset, restore_mode=slot.restore_mode)
         finally:
             if lock is not None:
                 lock.release()

@@ -290,6 +290,9 @@ COMMON: list[Setting] = [
       choices=("murmur2", "crc32")),
     S("advertised_url", "str", None, "the URL other workers forward score queries to (default "
       "http://<web_host>:<web_port>)"),
+    S("query_debug_detail", "bool", False, "score answers also carry per-level reads, cell indexes and the "
+      "partition's offsets: they reveal which cells a key occupies, what a framing search needs "
+      "(debugging only, docs/serving.md)"),
     S("web_enabled", "bool", True, "Faust runtime: serve the web pages"),
     S("partitions", "int", 8, "Faust runtime: partitions of topics it creates", min=1),
     S("replication_factor", "int", 1, "replication factor of topics the worker creates", min=1),

@@ -329,10 +329,11 @@ class SketchState:
             self.core.publish(outputs)
         return results
 
-    def describe(self, key: Any, partition: int) -> dict:
+    def describe(self, key: Any, partition: int, debug: bool = False) -> dict:
         """The key's current state in ``partition`` (score, raised, ...), read at the
-        partition's watermark without changing anything."""
-        return self.operator(partition).describe_key(_key_bytes(key))
+        partition's watermark without changing anything; ``debug`` adds the per-level reads
+        and cell indexes (``detail``, docs/serving.md: never hand them to the public)."""
+        return self.operator(partition).describe_key(_key_bytes(key), debug)
 
 
 class ScoreState(SketchState):

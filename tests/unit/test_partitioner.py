@@ -89,16 +89,19 @@ def test_describe_key_reads_without_writing_and_equals_query_detailed() -> None:
     op = _abuse_operator(0)
     before = op.snapshot()
     keys = [f"abuser-{i}".encode() for i in range(4)] + [f"user-{i}".encode() for i in range(50)] + [b"never"]
-    answers = [op.describe_key(k) for k in keys]
+    answers = [op.describe_key(k, debug=True) for k in keys]
+    plain = [op.describe_key(k) for k in keys]
     assert op.snapshot() == before  # bit for bit: nothing written back
     assert any(a["raised"] for a in answers)
     twin = _abuse_operator(0)  # the same records: its kernel reads (which write) are the reference
-    for k, a in zip(keys, answers):
+    for k, a, p in zip(keys, answers, plain):
         want = twin.sketch.query_detailed(k, twin.watermark)
-        assert a["score"] == want["score"]
+        assert a["score"] == want["score"] == p["score"]
         assert a["detail"]["punishment"] == want["punishment"]
         assert a["detail"]["forgiveness"] == want["forgiveness"]
-        assert a["raised"] == (k in op.latch)
+        assert a["detail"]["cell_indexes"] == want["cell_indexes"]
+        assert a["raised"] == p["raised"] == (k in op.latch)
+        assert "detail" not in p  # the default answer: the score and its verdict only
 
 
 class _Slot:
