@@ -346,8 +346,14 @@ def cmd_score(args: argparse.Namespace) -> int:
     import urllib.request
 
     url = args.url
+    settings = _settings(args)
+    token_file = args.token_file or setting(settings, "query_token_file")
+    headers = {"Content-Type": "application/json"}
+    if token_file:
+        from grudge_stream.webauth import TokenFile
+
+        headers["Authorization"] = "Bearer " + TokenFile(token_file).own_token().decode()
     if not url:
-        settings = _settings(args)
         if (settings.get("seed", None) is None and settings.get("seed_file", None) is None
                 and not settings.get("insecure_public_seed", False)):
             settings.overrides["seed"] = "0" * 32  # only the web settings are read: no sketch is built
@@ -355,8 +361,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         host = setting(settings, "web_host")
         url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{setting(settings, 'web_port')}"
     body = json.dumps({"keys": args.keys}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST", headers=headers)
     try:
         try:
             with urllib.request.urlopen(req, timeout=args.timeout) as resp:
@@ -452,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("keys", nargs="+", metavar="KEY", help="the keys (UTF-8 text)")
     sc.add_argument("--url", default=None, help="a worker's URL (default http://<web_host>:<web_port> "
                     "of the topology's settings)")
+    sc.add_argument("--token-file", default=None, help="a file holding the bearer token to present (its "
+                    "first; default the query_token_file setting)")
     sc.add_argument("--json", action="store_true", help="one JSON answer per line")
     sc.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
     sc.set_defaults(func=cmd_score)

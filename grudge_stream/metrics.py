@@ -64,6 +64,9 @@ class Metrics:
                                            lbl + ["sketch"], registry=r)
         self.sketch_memory = Gauge("grudge_sketch_memory_bytes", "Fixed memory of a partition's sketches", lbl, registry=r)
         self.assigned = Gauge("grudge_assigned_partitions", "Source partitions assigned to this worker", registry=r)
+        self.query_refused = Counter("grudge_query_refused_total",
+                                     "Score queries refused: no token (unauthenticated), a wrong one (forbidden), "
+                                     "past the client's budget (budget)", ["reason"], registry=r)
         self.restored = Gauge("grudge_restored_partitions", "Assigned partitions whose state is restored", registry=r)
 
     def render(self) -> bytes:

@@ -41,6 +41,7 @@ import zlib
 from typing import Any, Callable, Iterable
 
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.webauth import QueryAccess
 
 log = logging.getLogger("grudge_stream.serving")
 
@@ -304,7 +305,8 @@ class ScoreQueries:
 
     def __init__(self, slot_of: Callable[[int], Any], partition_count: Callable[[], int | None], *,
                  partitioner: str = "murmur2", directory: MembersDirectory | None = None,
-                 url: str = "", forward_timeout_s: float = FORWARD_TIMEOUT_S, debug_detail: bool = False) -> None:
+                 url: str = "", forward_timeout_s: float = FORWARD_TIMEOUT_S, debug_detail: bool = False,
+                 access: QueryAccess | None = None) -> None:
         if partitioner not in PARTITIONERS:
             raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {partitioner!r}")
         self.slot_of = slot_of
@@ -316,11 +318,13 @@ class ScoreQueries:
         # Per-level reads, cell indexes and the slot's offsets in every answer: they show
         # which cells a key occupies (a framing search's input). Debugging only.
         self.debug_detail = bool(debug_detail)
+        # Tokens and budgets (grudge_stream.webauth); None: open, no budget (tests, tools).
+        self.access = access
 
     @classmethod
     def from_settings(cls, settings: Any, slot_of: Callable[[int], Any],
                       partition_count: Callable[[], int | None],
-                      directory: MembersDirectory | None) -> "ScoreQueries":
+                      directory: MembersDirectory | None, metrics: Any = None) -> "ScoreQueries":
         from grudge_stream.settings import setting
 
         debug = bool(setting(settings, "query_debug_detail"))
@@ -329,7 +333,8 @@ class ScoreQueries:
                         "which let anyone who can query search for keys that frame or hide another "
                         "(docs/serving.md). Turn it off outside debugging.")
         return cls(slot_of, partition_count, partitioner=settings.get("key_partitioner", "murmur2"),
-                   directory=directory, url=advertised_url(settings), debug_detail=debug)
+                   directory=directory, url=advertised_url(settings), debug_detail=debug,
+                   access=QueryAccess.from_settings(settings, metrics))
 
     def partition_count(self) -> int | None:
         n = self._partition_count()
@@ -399,7 +404,8 @@ class ScoreQueries:
             body = json.dumps({"keys_b64": [_b64(keys[i]) for i in idxs]}).encode()
             req = urllib.request.Request(f"{url}/v1/scores", data=body, method="POST",
                                          headers={"Content-Type": "application/json",
-                                                  FORWARDED_HEADER: self.url or "1"})
+                                                  FORWARDED_HEADER: self.url or "1",
+                                                  **(self.access.forward_headers() if self.access else {})})
             try:
                 try:
                     with urllib.request.urlopen(req, timeout=self.forward_timeout_s) as resp:
@@ -458,9 +464,25 @@ class ScoreQueries:
             forward = False  # forwarded once already: never again
         return keys, forward, path.rstrip("/") == "/v1/score" and len(keys) == 1
 
-    def handle(self, method: str, path: str, query: str, body: bytes, headers: Any) -> tuple[int, dict, dict]:
-        """One request, blocking (the batch runtime's HTTP threads): ``(status, body, headers)``."""
+    def prepare(self, method: str, path: str, query: str, body: bytes, headers: Any,
+                peer: str = "") -> tuple[list[bytes], bool, bool] | tuple[int, dict, dict]:
+        """``parse_request`` behind the access rules: a 401 / 403 before the body is looked
+        at, a 429 past the client's budget (one unit per key)."""
+        client = f"addr:{peer}"
+        if self.access is not None:
+            client, refusal = self.access.authorize(headers, peer)
+            if refusal is not None:
+                return refusal
         parsed = self.parse_request(method, path, query, body, headers)
+        if isinstance(parsed[0], int) or self.access is None:
+            return parsed
+        refusal = self.access.charge(client, len(parsed[0]), bool(headers.get(FORWARDED_HEADER)))
+        return refusal if refusal is not None else parsed
+
+    def handle(self, method: str, path: str, query: str, body: bytes, headers: Any,
+               peer: str = "") -> tuple[int, dict, dict]:
+        """One request, blocking (the batch runtime's HTTP threads): ``(status, body, headers)``."""
+        parsed = self.prepare(method, path, query, body, headers, peer)
         if isinstance(parsed[0], int):
             return parsed  # type: ignore[return-value]
         keys, forward, single = parsed  # type: ignore[misc]

@@ -290,6 +290,13 @@ COMMON: list[Setting] = [
       choices=("murmur2", "crc32")),
     S("advertised_url", "str", None, "the URL other workers forward score queries to (default "
       "http://<web_host>:<web_port>)"),
+    S("query_token_file", "str", None, "a file of bearer tokens for /v1/* (name:token per line; re-read when "
+      "it changes; the first is the workers' own, sent when they forward; docs/security.md)"),
+    S("insecure_open_queries", "bool", False, "let /v1/* answer without a token on a non-loopback web_host "
+      "(a WARNING on every start)"),
+    S("query_rate_per_s", "float", 1000.0, "per-client query budget: keys a second (0: no budget)", "keys/s",
+      min=0),
+    S("query_burst", "float", 5000.0, "per-client query budget: keys at once", "keys", min=1),
     S("query_debug_detail", "bool", False, "score answers also carry per-level reads, cell indexes and the "
       "partition's offsets: they reveal which cells a key occupies, what a framing search needs "
       "(debugging only, docs/serving.md)"),

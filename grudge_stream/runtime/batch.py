@@ -243,7 +243,8 @@ class BatchWorker(WorkerCore):
 
             def _score(self, body: bytes) -> None:
                 path, _, query = self.path.partition("?")
-                status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers)
+                status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers,
+                                                             self.client_address[0])
                 self._send(status, json.dumps(doc).encode(), "application/json", headers)
 
             def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None) -> None:

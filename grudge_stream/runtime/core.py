@@ -170,7 +170,8 @@ class WorkerCore:
         # Live score queries (grudge_stream.serving): answered from a restored slot, or
         # forwarded to the owner the members directory names (``start_members``).
         self.members: MembersDirectory | None = None
-        self.queries = ScoreQueries.from_settings(settings, self.query_slot, lambda: self.partition_count, None)
+        self.queries = ScoreQueries.from_settings(settings, self.query_slot, lambda: self.partition_count, None,
+                                                  self.metrics)
 
     def _transactional_producer(self, txn_timeout_s: float):
         from confluent_kafka import Producer

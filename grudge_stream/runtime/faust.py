@@ -478,7 +478,8 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         batches; forwards from an executor thread."""
         body = await request.read() if request.method == "POST" else b""
         queries = runtime.queries
-        parsed = queries.parse_request(request.method, request.path, request.query_string, body, request.headers)
+        parsed = queries.prepare(request.method, request.path, request.query_string, body, request.headers,
+                                 getattr(request, "remote", None) or "")
         if isinstance(parsed[0], int):
             status, doc, headers = parsed
         else:
