@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
 from grudge_stream.exceptions import CheckpointError, MismatchError, PartitionCountChanged
@@ -149,12 +149,16 @@ class PartitionSlot:
         # a live score query while it reads the operator (grudge_stream.serving): a query never
         # sees a batch half applied. Uncontended it costs ~50 ns per batch.
         self.lock = threading.Lock()
+        # grudge_stream.serving.PartitionerCheck of the worker, or None: records' keys sampled.
+        self.key_check: Any = None
 
     @property
     def dirty(self) -> bool:
         return self.operator.next_offset != self.snapshotted_offset
 
     def process(self, records: Sequence[SourceRecord]) -> list[OutputRecord]:
+        if self.key_check is not None:
+            self.key_check.check(self.partition, self.partition_count, [r.key for r in records[:64]])
         out = self.operator.process(records)
         if self.metrics is not None:
             self._update_metrics()
@@ -162,6 +166,8 @@ class PartitionSlot:
 
     def process_columns(self, topic: str, offsets: list, timestamps: list, keys: list,
                         values: list) -> list[OutputRecord]:
+        if self.key_check is not None:
+            self.key_check.check(self.partition, self.partition_count, keys)
         out = self.operator.process_columns(topic, self.partition, offsets, timestamps, keys, values)
         if self.metrics is not None:
             self._update_metrics()

@@ -174,7 +174,8 @@ class SketchState:
                 from grudge_stream.overrides import start_override_follower
 
                 # Before any partition is restored: every operator judges with the table.
-                followed = start_override_follower(self.topology, core.bootstrap, core.client_config)
+                followed = start_override_follower(self.topology, core.bootstrap, core.client_config,
+                                                   signing=getattr(core, "signing", None))
                 self._follower = followed[1] if followed else None
             self.core = core
         return self

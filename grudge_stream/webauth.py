@@ -14,6 +14,10 @@
   worker binds a loopback address; any other address refuses to start (one line, exit 2)
   unless ``insecure_open_queries=true``, which logs a WARNING on every start, as
   ``insecure_public_seed`` does for the hash key.
+- **TLS** (``web_tls_cert_file`` and ``web_tls_key_file``, PEM): the whole port (queries,
+  probes, metrics) speaks HTTPS only, TLS 1.2 or newer; the advertised URL defaults to
+  ``https://``; forwards verify the owner against ``web_tls_ca_file`` (else the system's
+  CAs), so the workers' token never crosses the network in clear.
 - **A budget per client** (``query_rate_per_s`` keys a second, ``query_burst`` at once):
   a token bucket per client (token name, else the peer address), charged one unit per key
   asked. Past it: 429 with ``Retry-After``. Requests forwarded by another worker were
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import ssl
 import logging
 import math
 import os
@@ -251,3 +256,34 @@ class QueryAccess:
 
     def forward_headers(self) -> dict[str, str]:
         return {"Authorization": "Bearer " + self.tokens.own_token().decode()} if self.tokens is not None else {}
+
+
+def server_tls(settings: Any) -> ssl.SSLContext | None:
+    """The HTTPS context of the worker's web port, or None (plain HTTP)."""
+    from grudge_stream.settings import setting
+
+    cert, key = setting(settings, "web_tls_cert_file"), setting(settings, "web_tls_key_file")
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        raise ConfigError("set both web_tls_cert_file and web_tls_key_file (PEM), or neither")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"web_tls_cert_file {cert!r} / web_tls_key_file {key!r} cannot be loaded: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+    return ctx
+
+
+def client_tls(settings: Any) -> ssl.SSLContext:
+    """The context forwards and ``grudge-stream score`` verify an HTTPS worker with."""
+    from grudge_stream.settings import setting
+
+    ca = setting(settings, "web_tls_ca_file")
+    try:
+        return ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"web_tls_ca_file {ca!r} cannot be loaded: {getattr(exc, 'strerror', None) or exc}") \
+            from None

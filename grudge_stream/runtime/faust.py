@@ -50,6 +50,7 @@ from grudge_stream.runtime.core import WorkerCore
 from grudge_stream.settings import setting
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
+from grudge_stream.webauth import server_tls
 
 log = logging.getLogger("grudge_stream.faust")
 
@@ -414,6 +415,7 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         web_host=setting(settings, "web_host"),
         web_port=setting(settings, "web_port"),
         web_bind=setting(settings, "web_host"),
+        web_ssl_context=server_tls(settings),
         key_serializer="raw",
         value_serializer="raw",
         producer_max_request_size=2 * 1024 * 1024,

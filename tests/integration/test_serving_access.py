@@ -27,7 +27,7 @@ from grudge_stream.serving import partition_for
 PARTITIONS = 2
 TOKENS = {name: (name[0] * 8 + "-token-" + "x" * 20) for name in ("worker", "gateway", "scanner", "greedy")}
 ALLOWED = {"key", "key_b64", "partition", "watermark_ms", "kind", "score", "raised", "raise_at", "clear_at",
-           "override", "served_by", "forwarded_by"}
+           "override", "served_by", "forwarded_by", "partitioner_check"}
 
 
 def ready(port: int) -> dict | None:
@@ -171,6 +171,8 @@ def test_tokens_forwarding_rotation_budget_and_no_leaks(harness, runtime, tmp_pa
     # The default answer: no cell indexes, no per-level reads (the JSON is scanned), and a
     # framing search through the API (keep candidates sharing a cell with the victim) finds nothing.
     assert fields(answers) <= ALLOWED, fields(answers) - ALLOWED
+    # (A worker that restored a partition and saw no record of it since says "unverified".)
+    assert all(a.get("partitioner_check", "verified") != "mismatched" for a in answers)
     status, victim, _ = ask(port, ["abuser-0"], TOKENS["scanner"], "/v1/score")
     candidates = [f"cand-{i}" for i in range(999)]
     status, doc, _ = ask(port, candidates, TOKENS["scanner"])

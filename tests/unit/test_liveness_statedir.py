@@ -105,6 +105,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     from grudge_devkafka import free_port
     from grudge_stream.metrics import Metrics
     from grudge_stream.runtime.batch import BatchWorker
+    from grudge_stream.serving import PartitionerCheck
 
     clock = FakeClock()
     worker = object.__new__(BatchWorker)  # no Kafka clients: only what the HTTP handler reads
@@ -113,6 +114,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     worker.liveness = Liveness(60.0, clock=clock)
     worker.metrics = Metrics()
     worker.assigned, worker.slots = {0}, {0: object()}
+    worker.partitioner_check = PartitionerCheck("murmur2")
 
     class Reachable:  # the broker probe: the cluster answers
         reachable, error = True, None

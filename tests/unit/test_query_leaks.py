@@ -14,8 +14,8 @@ from grudge_stream.topology import Settings, load_topology
 
 # Every field a default answer may carry (docs/serving.md, "What an answer reveals").
 ALLOWED = {"key", "key_b64", "partition", "watermark_ms", "kind", "score", "raised", "raise_at", "clear_at",
-           "override", "served_by", "forwarded_by", "level", "burst", "tokens_available", "estimate",
-           "seen", "known"}
+           "override", "served_by", "forwarded_by", "partitioner_check", "level", "burst", "tokens_available",
+           "estimate", "seen", "known"}
 N = 1  # one partition: every key is local
 CELLS = 1500  # small, so a few thousand candidates hold colliders for every level
 
