@@ -213,9 +213,11 @@ def test_manifests_are_consistent() -> None:
     # the query API binds every address: its tokens from their Secret, mounted as a directory
     # (no subPath) so a rotation reaches the pod; forwards go to the pod's DNS name
     tok_vol = next(v for v in volumes.values() if v.get("secret", {}).get("secretName") == tokens["metadata"]["name"])
-    (item,) = tok_vol["secret"]["items"]
-    assert item["key"] in tokens["stringData"] and "immutable" not in tokens
-    assert env["GRUDGE_QUERY_TOKEN_FILE"]["value"] == f"{mounts[tok_vol['name']]['mountPath']}/{item['path']}"
+    items = {i["key"]: i for i in tok_vol["secret"]["items"]}
+    assert set(items) == set(tokens["stringData"]) and "immutable" not in tokens
+    base = mounts[tok_vol["name"]]["mountPath"]
+    assert env["GRUDGE_QUERY_TOKEN_FILE"]["value"] == f"{base}/{items['tokens']['path']}"
+    assert env["GRUDGE_SIGNING_KEYS_FILE"]["value"] == f"{base}/{items['signing-keys']['path']}"
     assert "subPath" not in mounts[tok_vol["name"]] and mounts[tok_vol["name"]].get("readOnly") is True
     assert env["GRUDGE_ADVERTISED_URL"]["value"] == (
         f"http://$(GRUDGE_GROUP_INSTANCE_ID).{svc['metadata']['name']}:{port_names['web']}")
@@ -268,9 +270,13 @@ def test_the_shipped_tokens_are_a_placeholder_the_worker_refuses() -> None:
     from grudge_stream.exceptions import ConfigError
     from grudge_stream.webauth import parse_tokens
 
-    (value,) = _named("Secret", "abuse-scores-query-tokens")["stringData"].values()
+    from grudge_stream.signing import SigningKeys
+
+    data = _named("Secret", "abuse-scores-query-tokens")["stringData"]
     with pytest.raises(ConfigError):
-        parse_tokens(value, "the shipped Secret")
+        parse_tokens(data["tokens"], "the shipped Secret")
+    with pytest.raises(ConfigError):
+        SigningKeys.parse(data["signing-keys"], "the shipped Secret")
 
 
 def test_env_names_are_settings() -> None:
