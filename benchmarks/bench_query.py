@@ -1,19 +1,27 @@
-"""Live score query latency on two batch workers, local and forwarded, under load and idle.
+"""Live score query latency: in-process per key, and over HTTP on two batch workers, under
+load and idle.
 
-Produces N events (default 3M) over K clients (default 100k, the bench_batch.py traffic:
-every 5000th client abusive, 2% background bad) into an 8-partition topic, each keyed
-client on its murmur2 partition (what a Java / confluent-kafka ``murmur2_random`` producer
-does). Then starts two `grudge-stream worker abuse_scores --runtime batch` on that backlog
-and, while they chew through it (the "load" phase: their summed events/s is printed) and
-again once they caught up ("idle"), asks worker A, one request at a time:
+In-process (no broker): one abuse_scores operator at its default size (split mode, 4 x 100k
+cells a half) fed ``--inproc-events`` events, then ``describe_key`` timed per key, beside the
+previous release's read (a copy of both cell tables per key, the decay applied in Python:
+reimplemented here as ``copy_read`` so both run in one process on the same state).
+
+Over HTTP: produces N events (default 1M) over K clients (default 100k, the bench_batch.py
+traffic: every 5000th client abusive, 2% background bad) into an 8-partition topic, each keyed
+client on its murmur2 partition. Then starts two `grudge-stream worker abuse_scores --runtime
+batch` (bearer tokens on, query budget off) on that backlog and, while they chew through it
+(the "load" phase: their summed events/s is printed) and again once they caught up ("idle"),
+asks worker A, one request at a time:
 
   local      GET /v1/score?key=K for a key of a partition A holds
   forwarded  the same for a key of a partition B holds (A forwards once to B)
+  1000 keys  POST /v1/scores with 1000 keys, half of them forwarded
 
 and prints p50 / p99 / max latency per phase and kind (plus a JSON line).
 
-Run: .venv/bin/python benchmarks/bench_query.py [--events 3000000] [--keys 100000] [--queries 400]
-Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_devkafka start`).
+Run: .venv/bin/python benchmarks/bench_query.py [--events 1000000] [--keys 100000] [--queries 200]
+     .venv/bin/python benchmarks/bench_query.py --in-process-only
+Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_devkafka start`) unless --in-process-only.
 """
 from __future__ import annotations
 
@@ -41,11 +49,77 @@ from grudge_devkafka import free_port  # noqa: E402
 from grudge_stream.serving import partition_for  # noqa: E402
 
 BENCH_KEY = "2b7e151628aed2a6abf7158809cf4f3c"  # a fixed benchmark key (not a secret)
+BENCH_TOKEN = "bench-worker-token-0123456789abcdef"  # likewise
 
 
-def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+def copy_read(sketch, key: bytes, now_ms: int) -> float:
+    """The previous release's live read of a split-sign sketch: both cell tables copied
+    (``_cells()``), the key's cells decayed in Python; the score only."""
+    import math
+
+    from grudge_stream._cyext._score import DECAY_EXPONENTIAL
+
+    def half(sk) -> float:
+        cfg = sk.config
+        h = sk.key_hash(key)
+        h1, h2 = h & 0xFFFFFFFF, h >> 32
+        cells = sk._cells()
+        code, param = cfg.decay._code, cfg.decay._param
+        vals = []
+        for i in range(cfg.levels):
+            j = ((h1 + i * h2) & 0xFFFFFFFF) % cfg.cells_per_level
+            v, last = float(cells["score"][i, j]), int(cells["last_ms"][i, j])
+            if now_ms > last and v != 0.0 and code == DECAY_EXPONENTIAL:
+                v = v * math.exp(-param * (float(now_ms - last) / 1000.0))
+            vals.append(v)
+        return min(vals)
+    return min(sketch.hi, max(sketch.lo, half(sketch.pos) - half(sketch.neg)))
+
+
+def in_process(events: int, n: int) -> dict:
+    """Per-key latency of describe_key and of the previous copy read, on one default-size operator."""
+    from grudge_stream.operators.records import SourceRecord
+    from grudge_stream.topology import Settings, load_topology
+
+    topo = load_topology("abuse_scores", Settings({"seed": BENCH_KEY}, environ={}))
+    op = topo.make_operator(0)
+    rng = np.random.default_rng(1)
+    t0 = 1_700_000_000_000
+    ids = rng.integers(0, 100_000, size=events)
+    bad = rng.random(events) < 0.05
+    recs = [SourceRecord(topo.source_topic, 0, i, t0 + i, b"client-%08d" % ids[i],
+                         b'{"outcome":"bad"}' if bad[i] else b'{"outcome":"good"}') for i in range(events)]
+    for i in range(0, events, 5000):
+        op.process(recs[i:i + 5000])
+    keys = [b"client-%08d" % i for i in rng.integers(0, 100_000, size=n)]
+    wm = op.watermark
+    out = {}
+    for name, fn, reps in (("describe_key", lambda k: op.describe_key(k), n),
+                           ("previous copy read", lambda k: copy_read(op.sketch, k, wm), min(n, 200))):
+        lat = []
+        for k in keys[:reps]:
+            t = time.perf_counter()
+            fn(k)
+            lat.append((time.perf_counter() - t) * 1e6)
+        out[name] = lat
+    same = all(op.describe_key(k)["score"] == copy_read(op.sketch, k, wm) for k in keys[:50])
+    print(f"\nin-process, one abuse_scores operator ({op.sketch.levels} x {op.sketch.cells_per_level:,} cells "
+          f"a half, {events:,} events); same scores: {same}")
+    print(f"{'read':20s} {'n':>6s} {'p50 us':>9s} {'p99 us':>9s}")
+    summary = {"inproc_same_scores": same}
+    for name, lat in out.items():
+        print(f"{name:20s} {len(lat):>6d} {pct(lat, 50):>9.2f} {pct(lat, 99):>9.2f}")
+        tag = "new" if name == "describe_key" else "previous"
+        summary[f"inproc_{tag}_p50_us"] = pct(lat, 50)
+        summary[f"inproc_{tag}_p99_us"] = pct(lat, 99)
+    return summary
+
+
+def get_json(url: str, timeout: float = 5.0, body: bytes | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers={"Authorization": f"Bearer {BENCH_TOKEN}",
+                                                         "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
@@ -61,10 +135,13 @@ def events_total(port: int) -> float:
 
 def start_worker(bs: str, topic: str, run: str, workdir: str, i: int) -> tuple[subprocess.Popen, int]:
     port = free_port()
+    tokens = os.path.join(workdir, "tokens")
+    with open(tokens, "w") as f:
+        f.write(f"worker:{BENCH_TOKEN}\n")
     sets = {"source_topic": topic, "app_name": f"bq-{run}", "operator_id": f"bq-{run}",
             "alerts_topic": f"bq-{run}-alerts", "scores_topic": f"bq-{run}-scores",
             "dead_letter_topic": f"bq-{run}-dlq", "snapshot_topic": f"bq-{run}-snap", "seed": BENCH_KEY,
-            "checkpoint_interval_s": "5"}
+            "checkpoint_interval_s": "5", "query_token_file": tokens, "query_rate_per_s": "0"}
     # This interpreter and its sys.path (PYTHONPATH=. runs the working tree's code).
     cmd = [sys.executable, "-m", "grudge_stream.cli", "worker", "abuse_scores", "--bootstrap-servers", bs,
            "--web-port", str(port), "--runtime", "batch", "--loglevel", "warning"]
@@ -83,9 +160,11 @@ def pct(xs: list[float], q: float) -> float:
 
 def measure(port: int, local: list[bytes], forwarded: list[bytes], n: int,
             stop=None) -> dict[str, list[float]]:
-    """n queries of each kind, interleaved, or fewer once ``stop()`` (checked every 20);
-    latencies in ms (only 200 answers from the expected path counted)."""
-    out: dict[str, list[float]] = {"local": [], "forwarded": [], "errors": []}
+    """n single-key queries of each kind and n // 10 requests of 1000 keys, interleaved, or
+    fewer once ``stop()`` (checked every 20); latencies in ms (only 200 answers from the
+    expected path counted)."""
+    out: dict[str, list[float]] = {"local": [], "forwarded": [], "1000 keys": [], "errors": []}
+    half = len(local) // 2
     for i in range(n):
         if stop is not None and i % 20 == 0 and i and stop():
             break
@@ -99,15 +178,29 @@ def measure(port: int, local: list[bytes], forwarded: list[bytes], n: int,
                 out[kind].append(dt)
             else:
                 out["errors"].append(dt)
+        if i % 10 == 0:
+            batch = [k.decode() for k in local[:half] + forwarded[:half]]
+            t0 = time.perf_counter()
+            status, doc = get_json(f"http://127.0.0.1:{port}/v1/scores", body=json.dumps(batch).encode())
+            dt = (time.perf_counter() - t0) * 1000
+            ok = status == 200 and not any(r.get("error") for r in doc.get("results", [{"error": 1}]))
+            out["1000 keys" if ok else "errors"].append(dt)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--events", type=int, default=3_000_000)
+    ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=100_000)
-    ap.add_argument("--queries", type=int, default=400, help="queries of each kind per phase")
+    ap.add_argument("--queries", type=int, default=200, help="single-key queries of each kind per phase")
+    ap.add_argument("--inproc-events", type=int, default=200_000)
+    ap.add_argument("--inproc-keys", type=int, default=5_000)
+    ap.add_argument("--in-process-only", action="store_true")
     args = ap.parse_args()
+    inproc = in_process(args.inproc_events, args.inproc_keys)
+    if args.in_process_only:
+        emit(inproc)
+        return
     bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bs:
         sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_devkafka start)")
@@ -158,14 +251,16 @@ def main() -> None:
           + (" (they caught up during it: a lower bound)" if caught_up else "")
           + f" (load avg {os.getloadavg()[0]:.2f})")
     print(f"\n{'phase':6s} {'kind':10s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'errors':>7s}")
-    summary: dict = {"events": args.events, "keys": args.keys, "partitions": PARTS, "load_events_per_s": load_rate}
+    summary: dict = {"events": args.events, "keys": args.keys, "partitions": PARTS, "load_events_per_s": load_rate,
+                     **inproc}
     for phase, res in phases.items():
-        for kind in ("local", "forwarded"):
+        for kind in ("local", "forwarded", "1000 keys"):
             xs = res[kind]
             print(f"{phase:6s} {kind:10s} {len(xs):>5d} {pct(xs, 50):>8.2f} {pct(xs, 99):>8.2f} "
                   f"{max(xs, default=float('nan')):>8.2f} {len(res['errors']):>7d}")
-            summary[f"{phase}_{kind}_p50_ms"] = pct(xs, 50)
-            summary[f"{phase}_{kind}_p99_ms"] = pct(xs, 99)
+            tag = kind.replace(" ", "_")
+            summary[f"{phase}_{tag}_p50_ms"] = pct(xs, 50)
+            summary[f"{phase}_{tag}_p99_ms"] = pct(xs, 99)
         summary[f"{phase}_errors"] = len(res["errors"])
     emit(summary)
 

@@ -1046,6 +1046,37 @@ def split_apply(ScoreSketch pos not None, ScoreSketch neg not None, keys, deltas
     return a.res
 
 
+def split_peek(ScoreSketch pos not None, ScoreSketch neg not None, key, now_ms, double lo, double hi):
+    """One key's read on a split-sign pair, nothing written: ``(score, p, f)`` with ``p`` and
+    ``f`` each half's ``QueryDetail`` at ``now_ms`` and ``score = clamp(p - f, lo, hi)``.
+
+    Both halves are read under both locks, taken in ``split_apply``'s order, so the read sees
+    every event of a concurrent batch applied to both halves or to neither (never a
+    punishment without its forgiveness)."""
+    cdef uint32_t idx[MAXL]
+    cdef double lp[MAXL]
+    cdef double ln[MAXL]
+    cdef double rp, rn
+    cdef uint32_t i, L = pos._core.L
+    cdef uint64_t h = hash_key(&pos._hasher, key)
+    cdef int64_t now = _time_ms(now_ms, True)
+    if pos is neg:
+        raise ValueError("split_peek needs two distinct sketches")
+    if pos._core.L != neg._core.L or pos._core.M != neg._core.M:
+        raise ConfigError("the punishment and forgiveness sketches must have the same shape")
+    _split_index(&pos._core, pos._table, neg._table, h, idx)
+    with nogil:
+        gs_lock_acquire_nogil(&pos._lock)
+        gs_lock_acquire_nogil(&neg._lock)
+        rp = k_peek(&pos._core, pos._table, idx, now, lp)
+        rn = k_peek(&neg._core, neg._table, idx, now, ln)
+        gs_lock_release(&neg._lock)
+        gs_lock_release(&pos._lock)
+    cells = tuple([idx[i] for i in range(L)])
+    return (_clamp2(rp - rn, lo, hi), QueryDetail(rp, tuple([lp[i] for i in range(L)]), cells),
+            QueryDetail(rn, tuple([ln[i] for i in range(L)]), cells))
+
+
 def _exact_reference(key_ids, deltas, now_ms, Py_ssize_t n_keys, double lambda_per_s,
                      double lo, double hi):
     """The exact per-key model the sketches estimate (tests and benchmarks): one float64

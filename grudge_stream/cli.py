@@ -109,8 +109,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                create_source=args.create_source, timestamp_bounds=True, client_config=conf)
     check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf)
     from grudge_stream.overrides import start_override_follower
+    from grudge_stream.signing import SigningKeys
 
-    start_override_follower(topology, settings.bootstrap_servers, conf)  # before any partition is restored
+    start_override_follower(topology, settings.bootstrap_servers, conf,  # before any partition is restored
+                            signing=SigningKeys.from_settings(settings))
     if runtime == "batch":
         from grudge_stream.runtime.batch import run_batch_worker
 
@@ -215,8 +217,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides)
         conf = _connect(settings)
         from grudge_stream.overrides import start_override_follower
+        from grudge_stream.signing import SigningKeys
 
-        start_override_follower(topology, settings.bootstrap_servers, conf)  # as the live workers judge
+        start_override_follower(topology, settings.bootstrap_servers, conf,  # as the live workers judge
+                                signing=SigningKeys.from_settings(settings))
         if args.output == "topology":
             sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides, client_config=conf)
         report = replay(topology, settings.bootstrap_servers, start=start,
@@ -310,8 +314,17 @@ def cmd_override(args: argparse.Namespace) -> int:
     if args.action == "clear" and args.for_ is not None:
         raise ConfigError("--for goes with allow or deny")
     for_ms = parse_duration(args.for_) if args.for_ is not None else None
-    value = None if args.action == "clear" else encode_override(
-        args.action, for_ms=for_ms, reason=args.reason or "", by=args.by or os.environ.get("USER", ""))
+    from grudge_stream.signing import SigningKeys
+
+    signing = SigningKeys.from_settings(settings)
+    if signing is not None:
+        if args.by is not None:
+            raise ConfigError("--by goes without signing_keys_file: a signed entry's by is its signer's key name")
+        value = encode_override(args.action, for_ms=for_ms, reason=args.reason or "", key=args.key.encode("utf-8"),
+                                signing=signing)  # a clear too: verifying readers ignore unsigned tombstones
+    else:
+        value = None if args.action == "clear" else encode_override(
+            args.action, for_ms=for_ms, reason=args.reason or "", by=args.by or os.environ.get("USER", ""))
     conf = _connect(settings)
     create_topics(settings.bootstrap_servers, {topic: (1, dict(OVERRIDES_TOPIC_CONFIG))}, client_config=conf)
     errors: list = []
@@ -323,7 +336,10 @@ def cmd_override(args: argparse.Namespace) -> int:
         print(f"grudge-stream override: not delivered to {topic}: {errors[0] if errors else 'timeout'}",
               file=sys.stderr)
         return 1
-    what = "cleared" if value is None else args.action + (f" for {args.for_}" if args.for_ else " until cleared")
+    until = f" for {args.for_}" if args.for_ else " until cleared"
+    what = "cleared" if args.action == "clear" else args.action + until
+    if signing is not None:
+        what += f", signed by {signing.signer}"
     print(f"{args.key}: {what} ({topic})")
     return 0
 
@@ -346,20 +362,29 @@ def cmd_score(args: argparse.Namespace) -> int:
     import urllib.request
 
     url = args.url
+    settings = _settings(args)
+    token_file = args.token_file or setting(settings, "query_token_file")
+    headers = {"Content-Type": "application/json"}
+    if token_file:
+        from grudge_stream.webauth import TokenFile
+
+        headers["Authorization"] = "Bearer " + TokenFile(token_file).own_token().decode()
     if not url:
-        settings = _settings(args)
         if (settings.get("seed", None) is None and settings.get("seed_file", None) is None
                 and not settings.get("insecure_public_seed", False)):
             settings.overrides["seed"] = "0" * 32  # only the web settings are read: no sketch is built
         load_topology(args.topology, settings)
         host = setting(settings, "web_host")
-        url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{setting(settings, 'web_port')}"
+        scheme = "https" if setting(settings, "web_tls_cert_file") else "http"
+        url = f"{scheme}://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{setting(settings, 'web_port')}"
     body = json.dumps({"keys": args.keys}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST", headers=headers)
     try:
         try:
-            with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            from grudge_stream.webauth import client_tls
+
+            context = client_tls(settings) if url.startswith("https:") else None
+            with urllib.request.urlopen(req, timeout=args.timeout, context=context) as resp:
                 doc = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             doc = json.loads(exc.read() or b"{}")
@@ -443,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     ov.add_argument("--for", dest="for_", default=None, metavar="DURATION",
                     help="expire after this long: 90s, 15m, 1h, 7d (default: until cleared)")
     ov.add_argument("--reason", default=None, help="why (kept with the entry)")
-    ov.add_argument("--by", default=None, help="who (default $USER)")
+    ov.add_argument("--by", default=None, help="who (default $USER; with signing_keys_file the signer's key name)")
     ov.set_defaults(func=cmd_override)
 
     sc = sub.add_parser("score", help="keys' current scores from a running worker (any worker: it "
@@ -452,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("keys", nargs="+", metavar="KEY", help="the keys (UTF-8 text)")
     sc.add_argument("--url", default=None, help="a worker's URL (default http://<web_host>:<web_port> "
                     "of the topology's settings)")
+    sc.add_argument("--token-file", default=None, help="a file holding the bearer token to present (its "
+                    "first; default the query_token_file setting)")
     sc.add_argument("--json", action="store_true", help="one JSON answer per line")
     sc.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
     sc.set_defaults(func=cmd_score)

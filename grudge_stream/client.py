@@ -40,7 +40,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from grudge_stream.follow import TopicFollower
 from grudge_stream.overrides import Override, OverrideTable
@@ -95,14 +95,16 @@ class AlertView:
                  client_config: dict | None = None,
                  on_raise: Callable[[bytes, AlertState], None] | None = None,
                  on_clear: Callable[[bytes, AlertState], None] | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, signing: Any = None) -> None:
+        """``signing`` (``grudge_stream.signing.SigningKeys``): apply only signed override
+        entries (``overrides_rejected`` counts the others), as the workers do."""
         self.state_topic = state_topic
         self.overrides_topic = overrides_topic or None
         self.on_raise = on_raise
         self.on_clear = on_clear
         self.loop = loop
         self._alerts: dict[bytes, dict] = {}
-        self._overrides = OverrideTable()
+        self._overrides = OverrideTable(signing)
         self._raised: set[bytes] = set()
         self._expiries: list[tuple[int, bytes]] = []  # (ms, key): overrides starting or ending
         self._lock = threading.RLock()  # callbacks run under it and may read the view
@@ -126,6 +128,10 @@ class AlertView:
 
             raise ConfigError(f"topology {topology!r} publishes no alerts")
         kwargs.setdefault("client_config", client_config(settings))
+        if "signing" not in kwargs:
+            from grudge_stream.signing import SigningKeys
+
+            kwargs["signing"] = SigningKeys.from_settings(settings)
         return cls(topics["bootstrap_servers"], topics["alert_state"], topics["overrides"], **kwargs)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -187,6 +193,11 @@ class AlertView:
 
     def __contains__(self, key: bytes | str) -> bool:
         return self.is_raised(key)
+
+    @property
+    def overrides_rejected(self) -> int:
+        """Override entries ignored because they do not verify (with ``signing``)."""
+        return self._overrides.rejected
 
     @property
     def records(self) -> int:

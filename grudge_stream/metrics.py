@@ -79,6 +79,19 @@ class Metrics:
                                            lbl + ["sketch"], registry=r)
         self.sketch_memory = Gauge("grudge_sketch_memory_bytes", "Fixed memory of a partition's sketches", lbl, registry=r)
         self.assigned = Gauge("grudge_assigned_partitions", "Source partitions assigned to this worker", registry=r)
+        self.query_refused = Counter("grudge_query_refused_total",
+                                     "Score queries refused: no token (unauthenticated), a wrong one (forbidden), "
+                                     "past the client's budget (budget)", ["reason"], registry=r)
+        self.entries_rejected = Counter("grudge_entries_rejected_total",
+                                        "Members records and override entries ignored: no valid signature "
+                                        "(signing_keys_file)", ["topic"], registry=r)
+        self.partitioner_checked = Counter("grudge_partitioner_checked_total",
+                                           "Sampled source keys checked against key_partitioner", ["partition"],
+                                           registry=r)
+        self.partitioner_mismatches = Counter("grudge_partitioner_mismatches_total",
+                                              "Sampled source keys on another partition than key_partitioner "
+                                              "computes (score answers for them read the wrong partition)",
+                                              ["partition"], registry=r)
         self.restored = Gauge("grudge_restored_partitions", "Assigned partitions whose state is restored", registry=r)
 
     def render(self) -> bytes:

@@ -26,13 +26,17 @@ Who applies them:
   entries itself, on wall-clock time, the moment it reads them: a denied key
   is raised in every subscriber at once, even if the worker never sees
   another event for it.
+
+With ``signing_keys_file`` (``grudge_stream.signing``) entries are signed, ``by`` is the
+signer's key name, a clear is a signed entry, and readers ignore and count every entry
+that does not verify.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-from typing import Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.follow import TopicFollower
@@ -40,6 +44,7 @@ from grudge_stream.follow import TopicFollower
 log = logging.getLogger("grudge_stream.overrides")
 
 ACTIONS = ("allow", "deny")
+SIGNED_KIND = "override"  # the entry kind a signed override's MAC covers (grudge_stream.signing)
 # One partition: the table is small, read whole by every worker and subscriber, and in order.
 OVERRIDES_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
                           "segment.ms": str(6 * 3600 * 1000)}
@@ -85,18 +90,26 @@ def parse_duration(text: str) -> int:
 
 
 def encode_override(action: str, *, now_ms: int | None = None, for_ms: int | None = None,
-                    reason: str = "", by: str = "") -> bytes:
-    if action not in ACTIONS:
+                    reason: str = "", by: str = "", key: bytes | None = None, signing: Any = None) -> bytes:
+    """An entry's value. With ``signing`` (``grudge_stream.signing.SigningKeys``; ``key``
+    needed) the entry is signed, ``by`` is the signer's name, and ``action`` may also be
+    ``clear`` (a signed clear: an unsigned tombstone is ignored by verifying readers)."""
+    if action not in ACTIONS and not (signing is not None and action == "clear"):
         raise ConfigError(f"override action must be one of {ACTIONS}, not {action!r}")
     created = int(time.time() * 1000) if now_ms is None else int(now_ms)
     body = {"action": action, "created_ms": created,
             "expires_ms": None if for_ms is None else created + int(for_ms), "reason": reason, "by": by}
+    if signing is not None:
+        if key is None:
+            raise ValueError("a signed override needs its key")
+        body["by"] = signing.signer
+        return signing.sign(SIGNED_KIND, key, body)
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode_override(value: bytes) -> Override:
+def decode_override(value: bytes | dict) -> Override:
     """An entry's value; ValueError when it is not one (such entries are logged and ignored)."""
-    body = json.loads(value)
+    body = json.loads(value) if not isinstance(value, dict) else value
     if not isinstance(body, dict) or body.get("action") not in ACTIONS:
         raise ValueError("not an override entry (needs action allow|deny)")
     created = body.get("created_ms", 0)
@@ -109,13 +122,23 @@ def decode_override(value: bytes) -> Override:
 
 class OverrideTable:
     """The current overrides, by key. Written by one follower thread, read by operators:
-    single dict operations, so readers never see a half-applied entry."""
+    single dict operations, so readers never see a half-applied entry.
 
-    def __init__(self) -> None:
+    ``signing`` (``grudge_stream.signing.SigningKeys``): only entries signed by one of its
+    keys apply; others (unsigned tombstones included) are ignored and counted in
+    ``rejected`` (and passed to ``on_reject``). A signed entry older than the one in force
+    for its key is ignored too (``stale``)."""
+
+    def __init__(self, signing: Any = None, on_reject: Callable[[], None] | None = None) -> None:
         self._entries: dict[bytes, Override] = {}
         self._denies: dict[bytes, Override] = {}
         self.version = 0
         self.ignored = 0
+        self.signing = signing
+        self.on_reject = on_reject
+        self.rejected = 0
+        self.stale = 0
+        self._newest: dict[bytes, int] = {}  # created_ms of the newest signed entry (clears too)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -128,6 +151,8 @@ class OverrideTable:
         if key is None:
             self.ignored += 1
             return None
+        if self.signing is not None:
+            return self._apply_signed(key, value)
         old = self._entries.get(key)
         if value is None:
             if old is None:
@@ -147,6 +172,39 @@ class OverrideTable:
             self._denies[key] = new
         else:
             self._denies.pop(key, None)
+        self.version += 1
+        return old, new
+
+    def _apply_signed(self, key: bytes, value: bytes | None) -> tuple[Override | None, Override | None] | None:
+        try:
+            body, signer = self.signing.verify(SIGNED_KIND, key, value)
+            created = body.get("created_ms")
+            if not isinstance(created, int):
+                raise ValueError("created_ms must be integer milliseconds")
+            new = None if body.get("action") == "clear" else decode_override({**body, "by": signer})
+        except ValueError as exc:
+            self.rejected += 1
+            if self.on_reject is not None:
+                self.on_reject()
+            log.warning("ignoring an override entry that does not verify (%s)", exc)
+            return None
+        if created < self._newest.get(key, -1):
+            self.stale += 1
+            log.warning("ignoring a signed override entry older than the one in force (a replayed record?)")
+            return None
+        self._newest[key] = created
+        old = self._entries.get(key)
+        if new is None:
+            if old is None:
+                return None
+            del self._entries[key]
+            self._denies.pop(key, None)
+        else:
+            self._entries[key] = new
+            if new.action == "deny":
+                self._denies[key] = new
+            else:
+                self._denies.pop(key, None)
         self.version += 1
         return old, new
 
@@ -170,13 +228,15 @@ class OverrideTable:
 
 
 def start_override_follower(topology, bootstrap_servers: str, client_config: dict | None = None,
-                            wait_s: float = 30.0) -> tuple[OverrideTable, TopicFollower] | None:
+                            wait_s: float = 30.0, signing: Any = None,
+                            on_reject: Callable[[], None] | None = None) -> tuple[OverrideTable, TopicFollower] | None:
     """Follow ``topology.overrides_topic`` into a table, waiting (up to ``wait_s``) for the
-    entries written so far, and attach it to every operator the topology makes."""
+    entries written so far, and attach it to every operator the topology makes. ``signing``:
+    only signed entries apply (``OverrideTable``)."""
     topic = getattr(topology, "overrides_topic", "")
     if not topic:
         return None
-    table = OverrideTable()
+    table = OverrideTable(signing, on_reject)
     follower = TopicFollower(bootstrap_servers, [topic], lambda _t, k, v: table.apply(k, v),
                              client_config=client_config, name="grudge-overrides").start()
     if not follower.wait_caught_up(wait_s):

@@ -28,7 +28,7 @@ import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
 from grudge_stream.exceptions import CheckpointError, MismatchError, PartitionCountChanged
@@ -158,6 +158,8 @@ class PartitionSlot:
         # a live score query while it reads the operator (grudge_stream.serving): a query never
         # sees a batch half applied. Uncontended it costs ~50 ns per batch.
         self.lock = threading.Lock()
+        # grudge_stream.serving.PartitionerCheck of the worker, or None: records' keys sampled.
+        self.key_check: Any = None
 
     @property
     def dirty(self) -> bool:
@@ -174,6 +176,8 @@ class PartitionSlot:
                      committed)
 
     def process(self, records: Sequence[SourceRecord]) -> list[OutputRecord]:
+        if self.key_check is not None:
+            self.key_check.check(self.partition, self.partition_count, [r.key for r in records[:64]])
         until = self.replay_until
         if until is not None:
             cut = bisect_left([r.offset for r in records], until)
@@ -191,6 +195,8 @@ class PartitionSlot:
 
     def process_columns(self, topic: str, offsets: list, timestamps: list, keys: list,
                         values: list) -> list[OutputRecord]:
+        if self.key_check is not None:
+            self.key_check.check(self.partition, self.partition_count, keys)
         until = self.replay_until
         if until is not None:
             cut = bisect_left(offsets, until)

@@ -41,6 +41,7 @@ import zlib
 from typing import Any, Callable, Iterable
 
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.webauth import QueryAccess, client_tls
 
 log = logging.getLogger("grudge_stream.serving")
 
@@ -53,6 +54,10 @@ RETRY_AFTER_S = 1
 FORWARD_TIMEOUT_S = 2.0
 # At most this many keys per request (one JSON answer each).
 MAX_KEYS = 1000
+# Keys an event loop reads in one go before it lets its other tasks run (docs/benchmarks.md:
+# well under a millisecond at the default sketch size).
+LOOP_SLICE = 100
+MEMBERS_KIND = "members"  # the entry kind a signed members record's MAC covers (grudge_stream.signing)
 MEMBERS_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                         "segment.ms": "600000"}
 
@@ -100,6 +105,73 @@ def partition_for(key: bytes, partitions: int, partitioner: str = "murmur2") -> 
     raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {partitioner!r}")
 
 
+class PartitionerCheck:
+    """Samples the keys each partition's records carry and checks that ``key_partitioner``
+    puts them there: a producer on another partitioner (librdkafka's default crc32 under a
+    murmur2 setting, say) makes every score answer read a partition that never saw the key,
+    a confident zero. Per batch and partition at most ``SAMPLE`` keys are hashed (the pure
+    Python partitioners: microseconds). Counts go to ``grudge_partitioner_checked_total`` and
+    ``grudge_partitioner_mismatches_total`` per partition; the first mismatch logs one
+    WARNING with the fix; ``status()`` (in ``/ready`` and, unless verified, in every score
+    answer) is ``unverified`` (no keyed record checked yet), ``verified`` or ``mismatched``."""
+
+    SAMPLE = 8
+
+    def __init__(self, partitioner: str, topic: str = "", metrics: Any = None) -> None:
+        if partitioner not in PARTITIONERS:
+            raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {partitioner!r}")
+        self.partitioner = partitioner
+        self.other = next(x for x in PARTITIONERS if x != partitioner)
+        self.topic = topic
+        self.metrics = metrics
+        self.checked = 0
+        self.mismatched = 0
+        self.other_matches = 0
+        self.by_partition: dict[int, int] = {}
+        self._warned = False
+
+    def check(self, partition: int, partitions: int, keys: list) -> None:
+        if not keys or partitions < 2:
+            return
+        step = max(1, len(keys) // self.SAMPLE)
+        checked = bad = 0
+        for k in keys[::step][:self.SAMPLE]:
+            if not k:  # empty keys are spread at random by some partitioners: nothing to check
+                continue
+            checked += 1
+            if partition_for(k, partitions, self.partitioner) != partition:
+                bad += 1
+                if partition_for(k, partitions, self.other) == partition:
+                    self.other_matches += 1
+        self.checked += checked
+        if self.metrics is not None and checked:
+            self.metrics.partitioner_checked.labels(str(partition)).inc(checked)
+        if not bad:
+            return
+        self.mismatched += bad
+        self.by_partition[partition] = self.by_partition.get(partition, 0) + bad
+        if self.metrics is not None:
+            self.metrics.partitioner_mismatches.labels(str(partition)).inc(bad)
+        if not self._warned:
+            self._warned = True
+            hint = (f"they look {self.other}-partitioned: set key_partitioner={self.other}, or produce with "
+                    f"the {self.partitioner} partitioner" if self.other_matches else
+                    "they are not keyed by either partitioner (an explicit partition?)")
+            log.warning("records of %s[%d] are not where key_partitioner=%s puts their keys (%d of %d sampled "
+                        "keys so far): score queries for those keys read a partition that never saw them. "
+                        "%s (confluent-kafka / librdkafka: partitioner=murmur2_random is Kafka's default "
+                        "murmur2).", self.topic, partition, self.partitioner, bad, checked, hint)
+
+    def status(self) -> str:
+        if self.mismatched:
+            return "mismatched"
+        return "verified" if self.checked else "unverified"
+
+    def report(self) -> dict:
+        return {"name": self.partitioner, "status": self.status(), "checked": self.checked,
+                "mismatched": self.mismatched, "mismatched_partitions": sorted(self.by_partition)}
+
+
 def advertised_url(settings: Any) -> str:
     """The URL other workers forward to: ``advertised_url``, else http://<web_host>:<web_port>
     (the host name when the server binds every address)."""
@@ -109,7 +181,8 @@ def advertised_url(settings: Any) -> str:
     host = settings.get("web_host", "127.0.0.1")
     if host in ("", "0.0.0.0", "::"):
         host = socket.gethostname()
-    return f"http://{host}:{settings.get('web_port', 6066)}"
+    scheme = "https" if settings.get("web_tls_cert_file", None) else "http"
+    return f"{scheme}://{host}:{settings.get('web_port', 6066)}"
 
 
 # -- the members directory ----------------------------------------------------------------------------
@@ -122,7 +195,8 @@ class MembersDirectory:
     """
 
     def __init__(self, bootstrap: str, app_id: str, member_id: str, url: str, *,
-                 client_config: dict | None = None, runtime: str = "", source_topic: str = "") -> None:
+                 client_config: dict | None = None, runtime: str = "", source_topic: str = "",
+                 signing: Any = None, on_reject: Callable[[], None] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = f"{app_id}-members"
         self.member_id = member_id
@@ -136,6 +210,16 @@ class MembersDirectory:
         self._thread: threading.Thread | None = None
         self._producer: Any = None
         self.caught_up = threading.Event()
+        # With signing keys (grudge_stream.signing) records are signed, and records that do
+        # not verify are ignored and counted: a forged record cannot redirect a forward.
+        self.signing = signing
+        self.on_reject = on_reject
+        self.rejected = 0
+
+    def _encode(self, rec: dict) -> bytes:
+        if self.signing is None:
+            return json.dumps(rec).encode()
+        return self.signing.sign(MEMBERS_KIND, self.member_id.encode(), rec)
 
     def start(self) -> "MembersDirectory":
         """Start publishing and following; never blocks on the broker (the follower thread
@@ -155,9 +239,10 @@ class MembersDirectory:
         rec = {"member": self.member_id, "url": self.url, "partitions": sorted(partitions),
                "partition_count": partition_count, "runtime": self.runtime, "source_topic": self.source_topic,
                "host": socket.gethostname(), "pid": os.getpid(), "timestamp_ms": time.time_ns() // 1_000_000}
-        self._apply(self.member_id.encode(), json.dumps(rec).encode())  # our own view at once
+        value = self._encode(rec)
+        self._apply(self.member_id.encode(), value)  # our own view at once
         try:
-            self._producer.produce(self.topic, key=self.member_id.encode(), value=json.dumps(rec).encode())
+            self._producer.produce(self.topic, key=self.member_id.encode(), value=value)
             self._producer.poll(0)
         except Exception as exc:  # noqa: BLE001 - the directory is advisory; queries answer 503 meanwhile
             log.warning("members record not published: %s", exc)
@@ -167,8 +252,12 @@ class MembersDirectory:
         self._stop.set()
         if self._producer is not None:
             if clean:
+                # Signed: a record holding no partitions (readers ignore unsigned tombstones).
+                value = None if self.signing is None else self._encode(
+                    {"member": self.member_id, "url": self.url, "partitions": [],
+                     "timestamp_ms": time.time_ns() // 1_000_000})
                 try:
-                    self._producer.produce(self.topic, key=self.member_id.encode(), value=None)
+                    self._producer.produce(self.topic, key=self.member_id.encode(), value=value)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("members tombstone not published: %s", exc)
             self._producer.flush(5)
@@ -177,6 +266,22 @@ class MembersDirectory:
 
     def _apply(self, key: bytes, value: bytes | None) -> None:
         mid = key.decode("utf-8", "replace")
+        if self.signing is not None:
+            try:
+                rec, _signer = self.signing.verify(MEMBERS_KIND, key, value)
+                if not isinstance(rec.get("partitions"), list):
+                    raise ValueError("no partitions")
+            except ValueError as exc:
+                self.rejected += 1
+                if self.on_reject is not None:
+                    self.on_reject()
+                log.warning("ignoring a members record of %r that does not verify (%s)", mid[:80], exc)
+                return
+            with self._lock:
+                old = self.members.get(mid)
+                if old is None or rec.get("timestamp_ms", 0) >= old.get("timestamp_ms", 0):
+                    self.members[mid] = rec
+            return
         with self._lock:
             if value is None:
                 self.members.pop(mid, None)
@@ -304,7 +409,8 @@ class ScoreQueries:
 
     def __init__(self, slot_of: Callable[[int], Any], partition_count: Callable[[], int | None], *,
                  partitioner: str = "murmur2", directory: MembersDirectory | None = None,
-                 url: str = "", forward_timeout_s: float = FORWARD_TIMEOUT_S) -> None:
+                 url: str = "", forward_timeout_s: float = FORWARD_TIMEOUT_S, debug_detail: bool = False,
+                 access: QueryAccess | None = None, tls: Any = None) -> None:
         if partitioner not in PARTITIONERS:
             raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {partitioner!r}")
         self.slot_of = slot_of
@@ -313,13 +419,30 @@ class ScoreQueries:
         self.directory = directory
         self.url = url
         self.forward_timeout_s = forward_timeout_s
+        # Per-level reads, cell indexes and the slot's offsets in every answer: they show
+        # which cells a key occupies (a framing search's input). Debugging only.
+        self.debug_detail = bool(debug_detail)
+        # Tokens and budgets (grudge_stream.webauth); None: open, no budget (tests, tools).
+        self.access = access
+        # The SSL context forwards to https:// owners verify with (None: the default).
+        self.tls = tls
+        # Whether the records' partitions agree with ``partitioner`` (set by the worker core).
+        self.partitioner_check: PartitionerCheck | None = None
 
     @classmethod
     def from_settings(cls, settings: Any, slot_of: Callable[[int], Any],
                       partition_count: Callable[[], int | None],
-                      directory: MembersDirectory | None) -> "ScoreQueries":
+                      directory: MembersDirectory | None, metrics: Any = None) -> "ScoreQueries":
+        from grudge_stream.settings import setting
+
+        debug = bool(setting(settings, "query_debug_detail"))
+        if debug:
+            log.warning("query_debug_detail=true: score answers carry per-level reads and cell indexes, "
+                        "which let anyone who can query search for keys that frame or hide another "
+                        "(docs/serving.md). Turn it off outside debugging.")
         return cls(slot_of, partition_count, partitioner=settings.get("key_partitioner", "murmur2"),
-                   directory=directory, url=advertised_url(settings))
+                   directory=directory, url=advertised_url(settings), debug_detail=debug,
+                   access=QueryAccess.from_settings(settings, metrics), tls=client_tls(settings))
 
     def partition_count(self) -> int | None:
         n = self._partition_count()
@@ -336,17 +459,24 @@ class ScoreQueries:
             return None
         op = slot.operator
         describe = getattr(op, "describe_key", None)
+        debug = self.debug_detail
         lock = getattr(slot, "lock", None)
         if lock is not None:
             lock.acquire()
         try:
-            detail = describe(key) if describe is not None else {"kind": op.kind, "error": "not_supported"}
-            meta = {"partition": partition, "partitions": n, "operator": op.operator_id,
-                    "watermark_ms": op.watermark, "next_offset": op.next_offset,
-                    "snapshot_offset": slot.snapshotted_offset, "restore_mode": slot.restore_mode}
+            detail = (describe(key, debug) if describe is not None
+                      else {"kind": op.kind, "error": "not_supported"})
+            meta = {"partition": partition, "watermark_ms": op.watermark}
+            if debug:
+                meta.update(partitions=n, operator=op.operator_id, next_offset=op.next_offset,
+                            snapshot_offset=slot.snapshotted_offset, restore_mode=slot.restore_mode)
         finally:
             if lock is not None:
                 lock.release()
+        check = self.partitioner_check
+        if check is not None and check.status() != "verified":
+            # Not a confident answer: the key may live on another partition than computed.
+            meta["partitioner_check"] = check.status()
         return {**key_fields(key), **meta, **detail, "served_by": self.url}
 
     # -- a request ------------------------------------------------------------------------------
@@ -355,8 +485,16 @@ class ScoreQueries:
         """Answer what this worker can; the rest grouped by the owner URL to forward to."""
         results: list[dict | None] = [None] * len(keys)
         remote: dict[str, list[int]] = {}
+        self.local_slice(keys, forward, 0, len(keys), results, remote)
+        return results, remote
+
+    def local_slice(self, keys: list[bytes], forward: bool, lo: int, hi: int, results: list[dict | None],
+                    remote: dict[str, list[int]]) -> None:
+        """``local_part`` for ``keys[lo:hi]``, into ``results`` and ``remote``: an event loop
+        reads a long request in slices (``LOOP_SLICE`` keys) and runs its other tasks between."""
         n = self.partition_count()
-        for i, key in enumerate(keys):
+        for i in range(lo, hi):
+            key = keys[i]
             if not n:
                 results[i] = _error(key, "not_ready", "this worker does not know the source topic's "
                                     "partition count yet (no assignment so far)")
@@ -377,7 +515,6 @@ class ScoreQueries:
                                     "(a rebalance in progress?)", p)
                 continue
             remote.setdefault(owner["url"], []).append(i)
-        return results, remote
 
     def remote_part(self, keys: list[bytes], remote: dict[str, list[int]]) -> dict[int, dict]:
         """Forward each owner its keys (once, marked); blocking: run it off an event loop."""
@@ -386,10 +523,12 @@ class ScoreQueries:
             body = json.dumps({"keys_b64": [_b64(keys[i]) for i in idxs]}).encode()
             req = urllib.request.Request(f"{url}/v1/scores", data=body, method="POST",
                                          headers={"Content-Type": "application/json",
-                                                  FORWARDED_HEADER: self.url or "1"})
+                                                  FORWARDED_HEADER: self.url or "1",
+                                                  **(self.access.forward_headers() if self.access else {})})
             try:
                 try:
-                    with urllib.request.urlopen(req, timeout=self.forward_timeout_s) as resp:
+                    with urllib.request.urlopen(req, timeout=self.forward_timeout_s,
+                                                context=self.tls if url.startswith("https:") else None) as resp:
                         doc = json.loads(resp.read())
                 except urllib.error.HTTPError as exc:  # a 503 carries the owner's per-key errors
                     doc = json.loads(exc.read() or b"{}")
@@ -445,9 +584,25 @@ class ScoreQueries:
             forward = False  # forwarded once already: never again
         return keys, forward, path.rstrip("/") == "/v1/score" and len(keys) == 1
 
-    def handle(self, method: str, path: str, query: str, body: bytes, headers: Any) -> tuple[int, dict, dict]:
-        """One request, blocking (the batch runtime's HTTP threads): ``(status, body, headers)``."""
+    def prepare(self, method: str, path: str, query: str, body: bytes, headers: Any,
+                peer: str = "") -> tuple[list[bytes], bool, bool] | tuple[int, dict, dict]:
+        """``parse_request`` behind the access rules: a 401 / 403 before the body is looked
+        at, a 429 past the client's budget (one unit per key)."""
+        client = f"addr:{peer}"
+        if self.access is not None:
+            client, refusal = self.access.authorize(headers, peer)
+            if refusal is not None:
+                return refusal
         parsed = self.parse_request(method, path, query, body, headers)
+        if isinstance(parsed[0], int) or self.access is None:
+            return parsed
+        refusal = self.access.charge(client, len(parsed[0]), bool(headers.get(FORWARDED_HEADER)))
+        return refusal if refusal is not None else parsed
+
+    def handle(self, method: str, path: str, query: str, body: bytes, headers: Any,
+               peer: str = "") -> tuple[int, dict, dict]:
+        """One request, blocking (the batch runtime's HTTP threads): ``(status, body, headers)``."""
+        parsed = self.prepare(method, path, query, body, headers, peer)
         if isinstance(parsed[0], int):
             return parsed  # type: ignore[return-value]
         keys, forward, single = parsed  # type: ignore[misc]

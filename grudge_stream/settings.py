@@ -307,7 +307,23 @@ COMMON: list[Setting] = [
       "confluent-kafka with partitioner=murmur2_random) or crc32 (librdkafka's default consistent_random)",
       choices=("murmur2", "crc32")),
     S("advertised_url", "str", None, "the URL other workers forward score queries to (default "
-      "http://<web_host>:<web_port>)"),
+      "http(s)://<web_host>:<web_port>)"),
+    S("query_token_file", "str", None, "a file of bearer tokens for /v1/* (name:token per line; re-read when "
+      "it changes; the first is the workers' own, sent when they forward; docs/security.md)"),
+    S("insecure_open_queries", "bool", False, "let /v1/* answer without a token on a non-loopback web_host "
+      "(a WARNING on every start)"),
+    S("web_tls_cert_file", "str", None, "PEM certificate (chain): the web port speaks HTTPS only"),
+    S("web_tls_key_file", "str", None, "PEM private key of web_tls_cert_file"),
+    S("web_tls_ca_file", "str", None, "PEM CA(s) forwards (and grudge-stream score) verify HTTPS workers "
+      "against (default the system's)"),
+    S("query_rate_per_s", "float", 1000.0, "per-client query budget: keys a second (0: no budget)", "keys/s",
+      min=0),
+    S("query_burst", "float", 5000.0, "per-client query budget: keys at once", "keys", min=1),
+    S("signing_keys_file", "str", None, "a file of name:secret keys: members records and override entries are "
+      "signed, and entries that do not verify are ignored and counted (docs/security.md)"),
+    S("query_debug_detail", "bool", False, "score answers also carry per-level reads, cell indexes and the "
+      "partition's offsets: they reveal which cells a key occupies, what a framing search needs "
+      "(debugging only, docs/serving.md)"),
     S("web_enabled", "bool", True, "Faust runtime: serve the web pages"),
     S("partitions", "int", 8, "Faust runtime: partitions of topics it creates", min=1),
     S("replication_factor", "int", 1, "replication factor of topics the worker creates", min=1),

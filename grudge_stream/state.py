@@ -174,7 +174,8 @@ class SketchState:
                 from grudge_stream.overrides import start_override_follower
 
                 # Before any partition is restored: every operator judges with the table.
-                followed = start_override_follower(self.topology, core.bootstrap, core.client_config)
+                followed = start_override_follower(self.topology, core.bootstrap, core.client_config,
+                                                   signing=getattr(core, "signing", None))
                 self._follower = followed[1] if followed else None
             self.core = core
         return self
@@ -329,10 +330,11 @@ class SketchState:
             self.core.publish(outputs)
         return results
 
-    def describe(self, key: Any, partition: int) -> dict:
+    def describe(self, key: Any, partition: int, debug: bool = False) -> dict:
         """The key's current state in ``partition`` (score, raised, ...), read at the
-        partition's watermark without changing anything."""
-        return self.operator(partition).describe_key(_key_bytes(key))
+        partition's watermark without changing anything; ``debug`` adds the per-level reads
+        and cell indexes (``detail``, docs/serving.md: never hand them to the public)."""
+        return self.operator(partition).describe_key(_key_bytes(key), debug)
 
 
 class ScoreState(SketchState):

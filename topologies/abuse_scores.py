@@ -13,6 +13,12 @@ and forgiveness live in two sketches (``score_mode=split``), so other clients'
 from the public, so the sketch hashes with SipHash under a secret key
 (``GRUDGE_SEED``, docs/security.md).
 
+Produce the events keyed by the client id with the partitioner ``key_partitioner`` names
+(default ``murmur2``, Kafka's: Java clients, Kafka Streams, Faust; confluent-kafka and
+librdkafka only with ``partitioner=murmur2_random``, their default being ``crc32``): live
+score queries find a key's partition with it, and the worker counts and reports records that
+disagree (docs/runtime.md, "Live score queries").
+
 Settings: ``grudge-stream describe abuse_scores`` (declared in ``SETTINGS``
 below, plus the settings every topology takes, docs/runtime.md).
 """

@@ -50,7 +50,7 @@ class DedupOperator(BloomOperator):
         else:
             self.counters["duplicates"] += 1
 
-    def describe_key(self, key: bytes) -> dict:
+    def describe_key(self, key: bytes, debug: bool = False) -> dict:
         """Whether the key was seen inside the window (its next record would be dropped as a
         duplicate; false positives possible), read at the watermark without rotating."""
         wm = self.watermark

@@ -4,64 +4,43 @@ A ScoreSketch read (``query``, ``query_detailed``) writes the decay back into th
 key's cells (docs/score-sketch.md, "Reads write the decay back too"). A live query
 that did so would make the state depend on when somebody asked: the stored values
 would round differently from a replay of the same records, and the next snapshot
-would differ bit for bit. ``score_detail`` therefore reads a copy of the cells and
-applies the kernel's own per-cell step (decay to ``now_ms``, nothing stored) in
-Python, with the same operations in the same order, so its answer equals what
-``query_detailed(key, now_ms)`` would return on a copy of the sketch, bit for bit
-(tests/unit/test_partitioner.py checks it against ``copy().query_detailed``).
+would differ bit for bit. These reads therefore use the kernel's ``peek``: one read of
+the key's ``levels`` cells under the sketch's lock, decayed to ``now_ms`` with the same
+operations as ``query_detailed`` and nothing stored, nothing copied. A split-sign pair
+is read with ``split_peek``: both halves under both locks, never half of a batch.
 
-The copy is the whole cell table (``levels × cells_per_level × 16`` bytes, 6.4 MB
-for the abuse_scores default): about a millisecond, paid per query, never per event.
+The answer is the score alone. The per-level reads and the cell indexes are
+``debug`` only (the ``query_debug_detail`` setting, docs/serving.md): they tell
+anyone who can query which cells a key occupies, which is what a framing search
+needs, and what the secret hash key exists to hide.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
-# Decay codes of the kernel (grudge_stream._cyext._score): DECAY_NONE, _EXPONENTIAL, _LINEAR.
-from grudge_stream._cyext._score import DECAY_EXPONENTIAL, DECAY_LINEAR
+from grudge_stream._cyext._score import split_peek
 
 
-def score_detail(sketch: Any, key: bytes, now_ms: int | None) -> dict:
-    """``{"score", "levels", "cell_indexes"}`` of ``key`` in a ScoreSketch at ``now_ms``,
-    without writing anything (``now_ms=None``: the cells as stored, undecayed)."""
-    cfg = sketch.config
-    h = sketch.key_hash(key)
-    L, M = cfg.levels, cfg.cells_per_level
-    h1, h2 = h & 0xFFFFFFFF, h >> 32
-    # gh_km_index (cyext/ghash.h): uint32 arithmetic, then mod M.
-    idx = [((h1 + i * h2) & 0xFFFFFFFF) % M for i in range(L)]
-    cells = sketch._cells()
-    code, param = cfg.decay._code, cfg.decay._param
-    levels = []
-    for i in range(L):
-        s = float(cells["score"][i, idx[i]])
-        last = int(cells["last_ms"][i, idx[i]])
-        if now_ms is not None and now_ms > last and s != 0.0:
-            dt = now_ms - last
-            if code == DECAY_EXPONENTIAL:
-                s = s * math.exp(-param * (float(dt) / 1000.0))
-            elif code == DECAY_LINEAR:
-                step = (param * float(dt)) / 1000.0
-                s = max(s - step, 0.0) if s > 0.0 else min(s + step, 0.0)
-        levels.append(s)
-    agg = cfg.aggregator
-    if agg == "mean":
-        acc = 0.0
-        for s in levels:
-            acc += s
-        score = acc / L
-    else:
-        score = min(levels) if agg == "min" else max(levels)
-    return {"score": score, "levels": levels, "cell_indexes": idx}
+def _now(now_ms: int | None) -> int:
+    # No watermark yet: the cells as stored (a cell only decays when now is past its stamp).
+    return 0 if now_ms is None else int(now_ms)
 
 
-def split_score_detail(sketch: Any, key: bytes, now_ms: int | None) -> dict:
-    """``SplitScoreSketch.query_detailed`` without writing: the clamped score ``P - F`` and
-    both halves' per-level reads (punishment and forgiveness)."""
-    p = score_detail(sketch.pos, key, now_ms)
-    f = score_detail(sketch.neg, key, now_ms)
-    return {"score": min(sketch.hi, max(sketch.lo, p["score"] - f["score"])),
-            "punishment": p["levels"], "forgiveness": f["levels"],
-            "punishment_total": p["score"], "forgiveness_total": f["score"],
-            "cell_indexes": p["cell_indexes"]}
+def score_detail(sketch: Any, key: bytes, now_ms: int | None, debug: bool = False) -> dict:
+    """``{"score"}`` of ``key`` in a ScoreSketch at ``now_ms``, without writing anything;
+    with ``debug`` also ``levels`` and ``cell_indexes`` (they leak the key's cells)."""
+    d = sketch.peek_detailed(key, _now(now_ms))
+    if not debug:
+        return {"score": d.aggregate}
+    return {"score": d.aggregate, "levels": list(d.level_scores), "cell_indexes": list(d.cell_indexes)}
+
+
+def split_score_detail(sketch: Any, key: bytes, now_ms: int | None, debug: bool = False) -> dict:
+    """``SplitScoreSketch.peek_detailed`` in one atomic read: the clamped score ``P - F``;
+    with ``debug`` also both halves' per-level reads and totals and the cell indexes."""
+    score, p, f = split_peek(sketch.pos, sketch.neg, key, _now(now_ms), sketch.lo, sketch.hi)
+    if not debug:
+        return {"score": score}
+    return {"score": score, "punishment": list(p.level_scores), "forgiveness": list(f.level_scores),
+            "punishment_total": p.aggregate, "forgiveness_total": f.aggregate,
+            "cell_indexes": list(p.cell_indexes)}

@@ -111,7 +111,7 @@ class HeavyHitterOperator(SketchAlertOperator):
     def saturation(self) -> list:
         return countmin_saturation(self.sketch, raise_at=self.latch.raise_at)
 
-    def describe_key(self, key: bytes) -> dict:
+    def describe_key(self, key: bytes, debug: bool = False) -> dict:
         """The key's decayed count-min estimate at the watermark (a read: nothing is written),
         and whether it is raised (a live score query, grudge_stream.serving)."""
         wm = self.watermark

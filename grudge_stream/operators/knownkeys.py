@@ -74,7 +74,7 @@ class KnownKeyOperator(BloomOperator):
             # The id also replaces any grudge-id header the source record carried.
             out.append(check.output(ev.key, with_id_header(rec.headers, oid), rec.timestamp_ms))
 
-    def describe_key(self, key: bytes) -> dict:
+    def describe_key(self, key: bytes, debug: bool = False) -> dict:
         """Whether the key is known (accepted inside the window: its next ``seen`` skips the
         check; false positives possible), read at the watermark without rotating."""
         wm = self.watermark

@@ -199,13 +199,17 @@ class RateLimitOperator(Operator):
     def sketch_bytes(self) -> bytes:
         return self.bucket.sketch.to_bytes()
 
-    def describe_key(self, key: bytes) -> dict:
+    def describe_key(self, key: bytes, debug: bool = False) -> dict:
         """The key's bucket level (tokens spent, refilled to the watermark) and the tokens
-        left, read without writing (a live query, grudge_stream.serving)."""
+        left, read without writing (a live query, grudge_stream.serving); ``debug`` adds the
+        per-level reads and cell indexes (``detail``: they reveal the key's cells)."""
         from grudge_stream.operators.describe import score_detail
 
-        detail = score_detail(self.bucket.sketch, key, self.watermark)
+        detail = score_detail(self.bucket.sketch, key, self.watermark, debug)
         level = detail.pop("score")
         burst = self.bucket_config.burst
-        return {"kind": self.kind, "score": level, "level": level, "burst": burst,
-                "tokens_available": max(0.0, burst - level), "detail": detail}
+        out = {"kind": self.kind, "score": level, "level": level, "burst": burst,
+               "tokens_available": max(0.0, burst - level)}
+        if debug:
+            out["detail"] = detail
+        return out

@@ -36,6 +36,7 @@ from grudge_stream.operators.codec import (
     Event,
     EventCodec,
 )
+from grudge_stream.operators.describe import score_detail, split_score_detail
 from grudge_stream.operators.records import OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
 from grudge_stream.operators.saturation import score_saturation
 from grudge_stream.operators.sketchconf import (
@@ -242,22 +243,21 @@ class FeedbackScoreOperator(SketchAlertOperator):
         return score_saturation(self.sketch, self.watermark, raise_at=self.latch.raise_at,
                                 lam_per_ms=self._lam_per_ms)
 
-    def describe_key(self, key: bytes) -> dict:
+    def describe_key(self, key: bytes, debug: bool = False) -> dict:
         """The key's current state, read-only (a live score query, grudge_stream.serving).
 
         The score at the watermark, as ``query_detailed`` would read it but without writing
         the decay back (grudge_stream.operators.describe): a query never changes the state
-        a replay of the same records computes. ``detail``: the per-level reads (split mode:
-        both halves, punishment and forgiveness)."""
-        from grudge_stream.operators.describe import score_detail, split_score_detail
-
+        a replay of the same records computes. The score, raised state, thresholds and
+        override only; ``debug`` adds ``detail``, the per-level reads and cell indexes
+        (split mode: both halves), which reveal the key's cells (docs/serving.md)."""
         wm = self.watermark
-        if self.score_mode == "split":
-            detail = split_score_detail(self.sketch, key, wm)
-        else:
-            detail = score_detail(self.sketch, key, wm)
-        out = {"kind": self.kind, "score": detail.pop("score"), "detail": detail,
+        read = split_score_detail if self.score_mode == "split" else score_detail
+        detail = read(self.sketch, key, wm, debug)
+        out = {"kind": self.kind, "score": detail.pop("score"),
                "raised": key in self.latch, "raise_at": self.latch.raise_at, "clear_at": self.latch.clear_at}
+        if debug:
+            out["detail"] = detail
         table = self.overrides
         if table is not None and len(table) and wm is not None:
             out["override"] = table.action(key, wm)

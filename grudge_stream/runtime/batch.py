@@ -58,6 +58,7 @@ from grudge_stream.partitions import PartitionSlot, snapshot_write, snapshots_wr
 from grudge_stream.runtime.core import Transaction, WorkerCore
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
+from grudge_stream.webauth import server_tls
 
 log = logging.getLogger("grudge_stream.batch")
 
@@ -449,7 +450,8 @@ class BatchWorker(WorkerCore):
 
             def _score(self, body: bytes) -> None:
                 path, _, query = self.path.partition("?")
-                status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers)
+                status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers,
+                                                             self.client_address[0])
                 self._send(status, json.dumps(doc).encode(), "application/json", headers)
 
             def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None) -> None:
@@ -466,8 +468,33 @@ class BatchWorker(WorkerCore):
 
         host = setting(self.settings, "web_host")
         port = setting(self.settings, "web_port")
-        self._http = ThreadingHTTPServer((host, port), Handler)
+        self._http = _WebServer((host, port), Handler, server_tls(self.settings))
         threading.Thread(target=self._http.serve_forever, name="grudge-http", daemon=True).start()
+
+
+class _WebServer(ThreadingHTTPServer):
+    """The web port: a thread per connection; with ``tls`` HTTPS only, the handshake done in
+    the connection's thread (a slow or plain-text client holds up no one else)."""
+
+    daemon_threads = True
+    CONNECTION_TIMEOUT_S = 30.0
+
+    def __init__(self, address, handler, tls) -> None:
+        self.tls = tls
+        super().__init__(address, handler)
+
+    def get_request(self):
+        conn, addr = super().get_request()
+        conn.settimeout(self.CONNECTION_TIMEOUT_S)
+        if self.tls is not None:
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, addr
+
+    def handle_error(self, request, client_address) -> None:
+        # A failed handshake, a plain request on the TLS port, a client gone: one debug line.
+        import sys
+
+        log.debug("web connection from %s ended: %s", client_address[0], sys.exc_info()[1])
 
 
 def run_batch_worker(topology: Topology, settings: Settings) -> int:

@@ -50,8 +50,9 @@ from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import group_source_records
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition
-from grudge_stream.serving import MembersDirectory, ScoreQueries, advertised_url
+from grudge_stream.serving import MembersDirectory, PartitionerCheck, ScoreQueries, advertised_url
 from grudge_stream.settings import setting
+from grudge_stream.signing import SigningKeys
 from grudge_stream.topology import Settings, Topology
 
 __all__ = ["FAST_CONSUMER", "CheckpointCadence", "Transaction", "WorkerCore", "group_source_records"]
@@ -196,7 +197,17 @@ class WorkerCore:
         # Live score queries (grudge_stream.serving): answered from a restored slot, or
         # forwarded to the owner the members directory names (``start_members``).
         self.members: MembersDirectory | None = None
-        self.queries = ScoreQueries.from_settings(settings, self.query_slot, lambda: self.partition_count, None)
+        self.partitioner_check = PartitionerCheck(settings.get("key_partitioner", "murmur2"), self.topic,
+                                                  self.metrics)
+        self.signing = SigningKeys.from_settings(settings)  # signed members records (grudge_stream.signing)
+        table = getattr(topology.make_operator, "_grudge_overrides", None)
+        if table is not None:  # the overrides follower started before the worker: count from here on
+            overrides_rejected = self.metrics.entries_rejected.labels("overrides")
+            overrides_rejected.inc(table.rejected)
+            table.on_reject = overrides_rejected.inc
+        self.queries = ScoreQueries.from_settings(settings, self.query_slot, lambda: self.partition_count, None,
+                                                  self.metrics)
+        self.queries.partitioner_check = self.partitioner_check
 
     def _transactional_producer(self, txn_timeout_s: float):
         from confluent_kafka import Producer
@@ -261,6 +272,7 @@ class WorkerCore:
         """A restored partition becomes a slot; processing starts at its ``next_offset``."""
         slot = self.slots[partition] = PartitionSlot(self.topology, partition, outcome, self.count(),
                                                      self.metrics, self.publisher.dead_letter_limit())
+        slot.key_check = self.partitioner_check
         if outcome.operator.next_offset is not None:
             self.commit_limits[partition] = outcome.operator.next_offset
         return slot
@@ -382,6 +394,9 @@ class WorkerCore:
         body["replay"] = {str(p): r for p, r in sorted(report.items())}
         body["restore_replay_s"] = round(sum(r["replay_s"] for r in report.values()), 3)
         body["restore_budget_exceeded"] = self.budget_exceeded(report)
+        # Informational: a mismatch does not take the worker out of service (it still judges
+        # its records right), but its score answers for the affected keys are not to be trusted.
+        body["key_partitioner"] = self.partitioner_check.report()
         return status, body
 
     def due_snapshots(self, now: float | None = None) -> list[PartitionSlot]:
@@ -489,9 +504,11 @@ class WorkerCore:
         """Start the members directory (blocking: run it in an executor from asyncio code)."""
         url = advertised_url(self.settings)
         try:
+            rejected = self.metrics.entries_rejected.labels("members")
             self.members = MembersDirectory(self.bootstrap, self.app_id, self.instance_id or url, url,
                                             client_config=self.client_config, runtime=self.runtime,
-                                            source_topic=self.topic).start()
+                                            source_topic=self.topic, signing=self.signing,
+                                            on_reject=rejected.inc).start()
         except Exception as exc:  # noqa: BLE001 - queries then answer for local partitions only
             self.log.error("members directory %s-members unavailable (%s): score queries answer for this "
                            "worker's partitions only", self.app_id, exc)

@@ -48,9 +48,11 @@ from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.runtime.core import WorkerCore
+from grudge_stream.serving import LOOP_SLICE
 from grudge_stream.settings import setting
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
+from grudge_stream.webauth import server_tls
 
 log = logging.getLogger("grudge_stream.faust")
 
@@ -437,6 +439,7 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         web_host=setting(settings, "web_host"),
         web_port=setting(settings, "web_port"),
         web_bind=setting(settings, "web_host"),
+        web_ssl_context=server_tls(settings),
         key_serializer="raw",
         value_serializer="raw",
         producer_max_request_size=2 * 1024 * 1024,
@@ -503,12 +506,19 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
         batches; forwards from an executor thread."""
         body = await request.read() if request.method == "POST" else b""
         queries = runtime.queries
-        parsed = queries.parse_request(request.method, request.path, request.query_string, body, request.headers)
+        parsed = queries.prepare(request.method, request.path, request.query_string, body, request.headers,
+                                 getattr(request, "remote", None) or "")
         if isinstance(parsed[0], int):
             status, doc, headers = parsed
         else:
             keys, forward, single = parsed
-            results, remote = queries.local_part(keys, forward)
+            # In slices, yielding between them: a 1000-key request never holds the loop (and
+            # the records waiting on it) for the whole read.
+            results: list = [None] * len(keys)
+            remote: dict = {}
+            for lo in range(0, len(keys), LOOP_SLICE):
+                queries.local_slice(keys, forward, lo, min(lo + LOOP_SLICE, len(keys)), results, remote)
+                await asyncio.sleep(0)
             fwd = (await asyncio.get_running_loop().run_in_executor(None, queries.remote_part, keys, remote)
                    if remote else {})
             status, doc, headers = queries.combine(results, fwd, single)

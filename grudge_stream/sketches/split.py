@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from grudge_stream import envelope
-from grudge_stream._cyext._score import ScoreSketch, split_apply
+from grudge_stream._cyext._score import ScoreSketch, split_apply, split_peek
 from grudge_stream.exceptions import ConfigError, SnapshotError
 
 __all__ = ["SplitScoreSketch"]
@@ -156,10 +156,10 @@ class SplitScoreSketch:
                 "cell_indexes": list(p.cell_indexes)}
 
     def peek_detailed(self, key: Any, now_ms: int) -> dict:
-        """``query_detailed`` without writing anything (``ScoreSketch.peek_detailed``)."""
-        p = self.pos.peek_detailed(key, now_ms)
-        f = self.neg.peek_detailed(key, now_ms)
-        return {"score": min(self.hi, max(self.lo, p.aggregate - f.aggregate)),
+        """``query_detailed`` without writing anything (``ScoreSketch.peek_detailed``): one
+        kernel read of both halves under both locks, so it never sees half of a batch."""
+        score, p, f = split_peek(self.pos, self.neg, key, now_ms, self.lo, self.hi)
+        return {"score": score,
                 "punishment": list(p.level_scores), "forgiveness": list(f.level_scores),
                 "punishment_total": p.aggregate, "forgiveness_total": f.aggregate,
                 "cell_indexes": list(p.cell_indexes)}

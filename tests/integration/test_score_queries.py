@@ -94,14 +94,13 @@ def expected(ref: dict, key: bytes) -> dict:
             "forgiveness": d["forgiveness"], "raised": key in op.latch, "watermark_ms": op.watermark}
 
 
-def check(ans: dict, want: dict, end: int) -> None:
+def check(ans: dict, want: dict) -> None:
     assert ans["partition"] == want["partition"]
     assert ans["score"] == want["score"]
-    assert ans["detail"]["punishment"] == want["punishment"]
-    assert ans["detail"]["forgiveness"] == want["forgiveness"]
     assert ans["raised"] == want["raised"]
     assert ans["watermark_ms"] == want["watermark_ms"]
-    assert ans["next_offset"] == end
+    # The default answer: the score and its verdict, no per-level reads, cells or offsets.
+    assert "detail" not in ans and "next_offset" not in ans
 
 
 @pytest.mark.parametrize("runtime", ["batch", "faust"])
@@ -139,8 +138,8 @@ def test_any_worker_answers_from_the_owner_and_rebalances_fail_clearly(harness, 
     for i, k in enumerate(keys):
         a, b = answers[0][i], answers[1][i]
         p = want[k]["partition"]
-        check(a, want[k], ends[p])
-        check(b, want[k], ends[p])
+        check(a, want[k])
+        check(b, want[k])
         owner = 0 if p in held[0] else 1
         # The owner answered itself; the other forwarded once, to the owner, and got its answer.
         assert "forwarded_by" not in answers[owner][i]
@@ -181,7 +180,7 @@ def test_any_worker_answers_from_the_owner_and_rebalances_fail_clearly(harness, 
                 assert ans["error"] in RETRYABLE, ans
                 errors.add(ans["error"])
             else:
-                check(ans, want[k], ends[want[k]["partition"]])
+                check(ans, want[k])
         if status == 503:
             assert int(headers["Retry-After"]) >= 1
         if not any(r.get("error") for r in results):

@@ -97,6 +97,11 @@ def _one(kind: str) -> dict:
     return found[0]
 
 
+def _named(kind: str, name: str) -> dict:
+    (found,) = [d for _, d in _documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
 def _env(container: dict) -> dict:
     return {e["name"]: e for e in container.get("env", [])}
 
@@ -156,7 +161,8 @@ def test_the_validator_catches_a_misspelt_field() -> None:
 
 def test_manifests_are_consistent() -> None:
     sts, svc, pdb = _one("StatefulSet"), _one("Service"), _one("PodDisruptionBudget")
-    secret, smon = _one("Secret"), _one("ServiceMonitor")
+    secret, smon = _named("Secret", "abuse-scores-seed"), _one("ServiceMonitor")
+    tokens = _named("Secret", "abuse-scores-query-tokens")
     pod = sts["spec"]["template"]
     pod_labels = pod["metadata"]["labels"]
     spec = pod["spec"]
@@ -196,7 +202,7 @@ def test_manifests_are_consistent() -> None:
     assert "GRUDGE_SEED" not in env
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
-    seed_vol = next(v for v in volumes.values() if "secret" in v)
+    seed_vol = next(v for v in volumes.values() if v.get("secret", {}).get("secretName") == "abuse-scores-seed")
     assert seed_vol["secret"]["secretName"] == secret["metadata"]["name"]
     (item,) = seed_vol["secret"]["items"]
     assert item["key"] in secret.get("stringData", secret.get("data", {}))
@@ -204,6 +210,19 @@ def test_manifests_are_consistent() -> None:
     assert mounts[seed_vol["name"]].get("readOnly") is True
     # the key file is readable by the pod's group (fsGroup), not by others
     assert seed_vol["secret"]["defaultMode"] & 0o007 == 0 and seed_vol["secret"]["defaultMode"] & 0o040
+    # the query API binds every address: its tokens from their Secret, mounted as a directory
+    # (no subPath) so a rotation reaches the pod; forwards go to the pod's DNS name
+    tok_vol = next(v for v in volumes.values() if v.get("secret", {}).get("secretName") == tokens["metadata"]["name"])
+    items = {i["key"]: i for i in tok_vol["secret"]["items"]}
+    assert set(items) == set(tokens["stringData"]) and "immutable" not in tokens
+    base = mounts[tok_vol["name"]]["mountPath"]
+    assert env["GRUDGE_QUERY_TOKEN_FILE"]["value"] == f"{base}/{items['tokens']['path']}"
+    assert env["GRUDGE_SIGNING_KEYS_FILE"]["value"] == f"{base}/{items['signing-keys']['path']}"
+    assert "subPath" not in mounts[tok_vol["name"]] and mounts[tok_vol["name"]].get("readOnly") is True
+    assert env["GRUDGE_ADVERTISED_URL"]["value"] == (
+        f"http://$(GRUDGE_GROUP_INSTANCE_ID).{svc['metadata']['name']}:{port_names['web']}")
+    names = list(env)
+    assert names.index("GRUDGE_GROUP_INSTANCE_ID") < names.index("GRUDGE_ADVERTISED_URL")  # $(...) needs it first
     # state: a volumeClaimTemplate mounted at GRUDGE_STATE_DIR; the root filesystem read-only
     claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
     state_mount = next(m for m in container["volumeMounts"] if m["name"] in claims)
@@ -240,11 +259,24 @@ def test_the_shipped_secret_is_a_placeholder_the_worker_refuses() -> None:
     from grudge_stream.exceptions import ConfigError
     from grudge_stream.hashkey import HashKey
 
-    secret = _one("Secret")
+    secret = _named("Secret", "abuse-scores-seed")
     assert secret.get("immutable") is True
     (value,) = secret["stringData"].values()
     with pytest.raises(ConfigError):
         HashKey.parse(value)
+
+
+def test_the_shipped_tokens_are_a_placeholder_the_worker_refuses() -> None:
+    from grudge_stream.exceptions import ConfigError
+    from grudge_stream.webauth import parse_tokens
+
+    from grudge_stream.signing import SigningKeys
+
+    data = _named("Secret", "abuse-scores-query-tokens")["stringData"]
+    with pytest.raises(ConfigError):
+        parse_tokens(data["tokens"], "the shipped Secret")
+    with pytest.raises(ConfigError):
+        SigningKeys.parse(data["signing-keys"], "the shipped Secret")
 
 
 def test_env_names_are_settings() -> None:

@@ -107,6 +107,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     from grudge_stream.metrics import Metrics
     from grudge_stream.runtime.batch import BatchWorker
     from grudge_stream.runtime.core import ProcessingRate
+    from grudge_stream.serving import PartitionerCheck
 
     clock = FakeClock()
     worker = object.__new__(BatchWorker)  # no Kafka clients: only what the HTTP handler reads
@@ -117,6 +118,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     # A restored partition: what /ready reports of its restore replay.
     worker.assigned, worker.slots = {0}, {0: SimpleNamespace(unsnapshotted=5000, last_snapshot_wall=0.0)}
     worker.rate, worker.replay_budget_s = ProcessingRate(), 10.0
+    worker.partitioner_check = PartitionerCheck("murmur2")
 
     class Reachable:  # the broker probe: the cluster answers
         reachable, error = True, None

@@ -89,16 +89,19 @@ def test_describe_key_reads_without_writing_and_equals_query_detailed() -> None:
     op = _abuse_operator(0)
     before = op.snapshot()
     keys = [f"abuser-{i}".encode() for i in range(4)] + [f"user-{i}".encode() for i in range(50)] + [b"never"]
-    answers = [op.describe_key(k) for k in keys]
+    answers = [op.describe_key(k, debug=True) for k in keys]
+    plain = [op.describe_key(k) for k in keys]
     assert op.snapshot() == before  # bit for bit: nothing written back
     assert any(a["raised"] for a in answers)
     twin = _abuse_operator(0)  # the same records: its kernel reads (which write) are the reference
-    for k, a in zip(keys, answers):
+    for k, a, p in zip(keys, answers, plain):
         want = twin.sketch.query_detailed(k, twin.watermark)
-        assert a["score"] == want["score"]
+        assert a["score"] == want["score"] == p["score"]
         assert a["detail"]["punishment"] == want["punishment"]
         assert a["detail"]["forgiveness"] == want["forgiveness"]
-        assert a["raised"] == (k in op.latch)
+        assert a["detail"]["cell_indexes"] == want["cell_indexes"]
+        assert a["raised"] == p["raised"] == (k in op.latch)
+        assert "detail" not in p  # the default answer: the score and its verdict only
 
 
 class _Slot:
@@ -163,3 +166,32 @@ def test_every_keyed_operator_describes_a_key_without_writing(name, value, check
     cold = op.describe_key(b"cold")
     assert cold.get("seen", False) is False and cold.get("estimate", 0) == 0
     assert op.snapshot() == before
+
+
+def test_partitioner_check_counts_mismatches_and_says_so_in_answers(caplog) -> None:
+    from grudge_stream.metrics import Metrics
+    from grudge_stream.serving import PartitionerCheck
+
+    n = 4
+    keys = [f"user-{i}".encode() for i in range(400)]
+    crc = {p: [k for k in keys if zlib.crc32(k) % n == p] for p in range(n)}
+    m = Metrics()
+    check = PartitionerCheck("murmur2", "events", m)
+    assert check.status() == "unverified"
+    right = [k for k in keys if partition_for(k, n) == 1]
+    check.check(1, n, right + [b""])  # empty keys are skipped
+    assert check.status() == "verified" and check.checked == PartitionerCheck.SAMPLE
+    with caplog.at_level("WARNING"):
+        for p in range(n):
+            check.check(p, n, crc[p])
+            check.check(p, n, crc[p])
+    assert check.status() == "mismatched" and check.mismatched > 0 and check.other_matches == check.mismatched
+    assert caplog.text.count("key_partitioner=murmur2 puts") == 1 and "key_partitioner=crc32" in caplog.text
+    assert sum(m.registry.get_sample_value("grudge_partitioner_mismatches_total", {"partition": str(p)}) or 0
+               for p in range(n)) == check.mismatched
+    ops = {0: _abuse_operator(0)}
+    q = ScoreQueries({0: _Slot(ops[0], 0, n)}.get, lambda: n)
+    local = next(k for k in keys if partition_for(k, n) == 0)
+    assert "partitioner_check" not in q.handle("GET", "/v1/score", f"key={local.decode()}", b"", {})[1]
+    q.partitioner_check = check
+    assert q.handle("GET", "/v1/score", f"key={local.decode()}", b"", {})[1]["partitioner_check"] == "mismatched"
