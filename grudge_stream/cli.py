@@ -85,6 +85,27 @@ def _tune_gc() -> None:
     gc.set_threshold(*WORKER_GC_THRESHOLDS)
 
 
+def _check_web_port(host: str, port: int) -> None:
+    """The worker's web port is free (a second worker on one machine without --web-port
+    would die on it later with a traceback): one line instead."""
+    import socket
+
+    if not port:
+        return  # 0: any free port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"web_host {host!r}: {exc}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            raise ConfigError(f"web port {host}:{port} is not free ({exc.strerror}): another worker on this "
+                              "machine? Give each worker its own --web-port (or --set web_port=...)") from None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from grudge_stream.topics import check_group_runtime, ensure_topology_topics
 
@@ -103,6 +124,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from grudge_stream.statedir import app_state_dir
 
         app_state_dir(settings, topology.app_id)  # Faust's data directory: writable, or one line
+    if runtime == "batch" or setting(settings, "web_enabled"):
+        _check_web_port(setting(settings, "web_host"), setting(settings, "web_port"))
     conf = _connect(settings)
     if not args.no_create_topics:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,

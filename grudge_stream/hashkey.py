@@ -60,6 +60,10 @@ class HashKey:
         if m:
             return cls(bytes.fromhex(m.group(1)))
         material = None
+        if re.fullmatch(r"[0-9a-fA-F]+", s) and len(s) < 32:
+            # Hex digits only: a hex key that is too short, not base64 that happens to look so.
+            raise ConfigError(f"{what} must be 32 hex digits (128 bits), not {len(s)}; make one with "
+                              "`python -c 'import secrets; print(secrets.token_hex(16))'`")
         if re.fullmatch(r"[0-9a-fA-F]+", s) and len(s) % 2 == 0 and len(s) > 32:
             material = bytes.fromhex(s)
         else:

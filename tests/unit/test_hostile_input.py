@@ -181,6 +181,10 @@ def test_hash_key_forms() -> None:
     for bad in ["99", "12345678901234567890", "", "not a key!", base64.b64encode(b"x" * 8).decode()]:
         with pytest.raises(ConfigError):
             HashKey.parse(bad)
+    # A hex key that is too short says how long it must be, not how many bits base64 made of it.
+    for short in (raw.hex()[:24], raw.hex()[:16]):
+        with pytest.raises(ConfigError, match=f"must be 32 hex digits .*not {len(short)}"):
+            HashKey.parse(short)
     assert raw.hex() not in repr(HashKey(raw))
     with pytest.raises(TypeError):
         import pickle

@@ -208,3 +208,24 @@ def test_faust_worker_with_an_unusable_state_dir_exits_2_with_one_line(tmp_path:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "state directory" in lines[0] and "GRUDGE_STATE_DIR" in lines[0], res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("runtime", ["batch", "faust"])
+def test_a_second_worker_on_a_taken_web_port_exits_2_with_one_line(tmp_path: Path, runtime: str) -> None:
+    """Two workers on one machine without --web-port: the second says so in one line, exit 2,
+    before any broker is contacted (the bootstrap address answers nothing)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "grudge_stream.cli", "worker", "abuse_scores", "--no-create-topics",
+               "--runtime", runtime, "--bootstrap-servers", "127.0.0.1:1", "--web-port", str(port),
+               "--set", "seed=" + "ab" * 16, "--set", f"state_dir={tmp_path / 'state'}"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GRUDGE_")}
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"web port 127.0.0.1:{port} is not free" in lines[0], res.stderr[-3000:]
+    assert "--web-port" in lines[0]
