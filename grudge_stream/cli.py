@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -226,14 +227,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     settings = _settings(args)
     try:
         topology = load_topology(args.topology, settings)
-        overrides = {}
-        if args.output_topic and args.output != "topology":
-            raise ConfigError("--output-topic goes with --output topology")
-        for item in args.output_topic or []:
-            role, _, topic = item.partition("=")
-            if not topic or role not in topology.outputs:
-                raise ConfigError(f"--output-topic takes ROLE=TOPIC with ROLE in {sorted(topology.outputs)}")
-            overrides[role] = topic
+        overrides = _replay_targets(topology, args)
         start, end = parse_position(args.from_), parse_position(args.to)
         # Everything that needs no broker is checked before connecting: a mistake is one line at once.
         if args.output != "topology":
@@ -245,6 +239,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         start_override_follower(topology, settings.bootstrap_servers, conf,  # as the live workers judge
                                 signing=SigningKeys.from_settings(settings))
         if args.output == "topology":
+            _check_targets_exist({**topology.outputs, **overrides}, conf)
             sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides, client_config=conf)
         report = replay(topology, settings.bootstrap_servers, start=start,
                         end=end, sink=sink, write_snapshots=args.write_snapshots,
@@ -256,7 +251,58 @@ def cmd_replay(args: argparse.Namespace) -> int:
                       "rate": round(report.rate), "outputs": report.outputs,
                       "snapshots": report.snapshots, "start": report.start, "end": report.end}),
           file=sys.stderr if args.output in ("-", "stdout") else sys.stdout)
+    undelivered = getattr(sink, "dead_lettered", None)
+    if undelivered:
+        print(f"grudge-stream replay: outputs not delivered where asked (dead-lettered, by role): {undelivered}",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _replay_targets(topology, args: argparse.Namespace) -> dict[str, str]:
+    """The topics ``--output topology`` writes to, role by role, where they are not the live
+    ones: ``--topic-prefix`` moves every role, ``--output-topic ROLE=TOPIC`` one role (the
+    alerts take their alert state along). Writing to a live topic needs ``--to-live``."""
+    redirects = args.output_topic or []
+    if (redirects or args.topic_prefix or args.to_live) and args.output != "topology":
+        raise ConfigError("--output-topic, --topic-prefix and --to-live go with --output topology")
+    if args.topic_prefix is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", args.topic_prefix):
+        raise ConfigError(f"--topic-prefix {args.topic_prefix!r}: letters, digits, '.', '_' and '-' only")
+    live = dict(topology.outputs)
+    targets = {role: (args.topic_prefix or "") + topic for role, topic in live.items()}
+    given: dict[str, str] = {}
+    for item in redirects:
+        role, _, topic = item.partition("=")
+        if not topic or role not in live or not re.fullmatch(r"[A-Za-z0-9._-]+", topic):
+            raise ConfigError(f"--output-topic takes ROLE=TOPIC with ROLE in {sorted(live)} and a valid "
+                              f"topic name, not {item!r}")
+        given[role] = topic
+    targets.update(given)
+    if "alerts" in given and "alert_state" in live and "alert_state" not in given:
+        targets["alert_state"] = given["alerts"] + "-state"  # the state goes where its alerts go
+    if args.output == "topology" and not args.to_live:
+        still = {role: t for role, t in targets.items() if t in set(live.values())}
+        if still:
+            roles = ", ".join(f"{r} -> {t}" for r, t in sorted(still.items()))
+            raise ConfigError(f"--output topology would write to the live deployment's topics ({roles}): "
+                              "redirect them (--topic-prefix whatif-, or --output-topic ROLE=TOPIC) or say "
+                              "--to-live")
+    return {role: t for role, t in targets.items() if t != live[role]}
+
+
+def _check_targets_exist(targets: dict[str, str], client_config: dict) -> None:
+    """Every topic a replay writes to exists, before the first record (one line if not)."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        known = set(AdminClient(client_config).list_topics(timeout=30).topics)
+    except Exception as exc:  # noqa: BLE001 - the cluster did not answer
+        raise ConfigError(f"cannot list the cluster's topics ({exc})") from None
+    missing = {role: t for role, t in targets.items() if t not in known}
+    if missing:
+        names = ", ".join(f"{r} -> {t}" for r, t in sorted(missing.items()))
+        raise ConfigError(f"--output topology: missing topics ({names}); create them first "
+                          "(kafka-topics.sh, or grudge-stream topics with the same --set)")
 
 
 def _alert_line(state, change: str | None = None) -> str:
@@ -469,7 +515,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="none (default: a dry run that only counts), stdout, jsonl:PATH, or topology "
                         "(the topology's LIVE output topics, or those given with --output-topic)")
     r.add_argument("--output-topic", action="append", metavar="ROLE=TOPIC",
-                   help="send one output role to another topic (e.g. alerts=backfill-alerts)")
+                   help="send one output role to another topic (e.g. alerts=backfill-alerts; the alert "
+                        "state follows the alerts to <TOPIC>-state unless given too)")
+    r.add_argument("--topic-prefix", default=None, metavar="PREFIX",
+                   help="send every output role to PREFIX<its topic> (e.g. whatif-)")
+    r.add_argument("--to-live", action="store_true",
+                   help="allow --output topology to write to the live deployment's topics")
     r.add_argument("--write-snapshots", action="store_true",
                    help="write snapshots at the end offsets for a live worker to adopt")
     r.add_argument("--from-snapshot", action="store_true",

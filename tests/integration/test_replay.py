@@ -108,3 +108,37 @@ def test_bad_ranges_and_unknown_topics_fail_clearly(harness) -> None:
     assert [a["value"]["alert_id"] for a in alerts if a["value"]["state"] == "raised"] == \
         [s["value"]["alert_id"] for s in states if s["value"] is not None]
     assert json.loads(r.stderr.strip().splitlines()[-1])["records"] == 3001
+
+
+def _live_ends(h) -> dict[str, dict[int, int]]:
+    return {topic: h.end_offsets(topic) for topic in h.topology.outputs.values()}
+
+
+def test_a_what_if_backfill_leaves_the_live_topics_byte_identical(harness) -> None:
+    from grudge_stream.topics import create_topics
+
+    h = harness(partitions=2)
+    h.produce(h.make_events(6000, seed=31))
+    live = _live_ends(h)
+    # Without a redirection, or with only the alerts moved, a what-if is refused before reading.
+    r = _cli(h, "--output", "topology", "--set", "raise_at=0.05", "--set", "clear_at=0.01")
+    assert r.returncode == 2 and "live deployment's topics" in r.stderr, r.stderr
+    r = _cli(h, "--output", "topology", "--output-topic", "alerts=whatif-x-alerts")
+    assert r.returncode == 2 and "scores -> " in r.stderr and "alert_state" not in r.stderr, r.stderr
+    # Into topics that do not exist: one line, exit 2, and nothing is written or created.
+    r = _cli(h, "--output", "topology", "--topic-prefix", "whatif-")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "missing topics" in lines[0], r.stderr
+    assert _live_ends(h) == live
+    from confluent_kafka.admin import AdminClient
+
+    known = set(AdminClient({"bootstrap.servers": h.bootstrap}).list_topics(timeout=10).topics)
+    assert not any(t.startswith("whatif-") for t in known), "a refused replay must create nothing"
+    # With the what-if topics in place: the alerts land there, the live topics stay as they were.
+    create_topics(h.bootstrap, {"whatif-" + t: (2, {}) for t in h.topology.outputs.values()})
+    r = _cli(h, "--output", "topology", "--topic-prefix", "whatif-", "--set", "raise_at=0.05",
+             "--set", "clear_at=0.01")
+    assert r.returncode == 0, r.stderr
+    assert _live_ends(h) == live
+    assert sum(h.end_offsets("whatif-" + h.topology.outputs["alerts"]).values()) > 0
+    assert sum(h.end_offsets("whatif-" + h.topology.outputs["alert_state"]).values()) > 0
