@@ -132,6 +132,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
                                create_source=args.create_source, timestamp_bounds=True, client_config=conf)
     check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf)
+    from grudge_stream.deployments import check_own_topics
+
+    check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # one deployment's topics
     from grudge_stream.overrides import start_override_follower
     from grudge_stream.signing import SigningKeys
 
@@ -179,8 +182,12 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
+    conf = _connect(settings)
+    from grudge_stream.deployments import check_own_topics
+
+    check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # before creating anything
     n = ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
-                               create_source=True, timestamp_bounds=True, client_config=_connect(settings))
+                               create_source=True, timestamp_bounds=True, client_config=conf)
     if args.partitions is not None and n != args.partitions:
         raise ConfigError(
             f"source topic {topology.source_topic!r} exists with {n} partitions, not {args.partitions}: "
