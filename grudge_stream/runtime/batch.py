@@ -130,6 +130,7 @@ class BatchWorker(WorkerCore):
         self.committed: dict[int, int] = {}
         self._pending_commit: tuple[int, dict[int, int]] | None = None
         self.writer: SnapshotWriter | None = None
+        self._snapshot_queue: list[int] = []  # due partitions, copied one per batch boundary
         conf = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.app_id,
@@ -232,6 +233,7 @@ class BatchWorker(WorkerCore):
                 if self.transaction is None:
                     self._commit_if_due()
                     self._finish_writer()
+                    self._snapshot_next()
                 elif self.commits.due() or self.cadence.due():
                     self._transaction_round()
                 if self.cadence.due() and self.transaction is None:
@@ -346,15 +348,24 @@ class BatchWorker(WorkerCore):
                 self._pending_commit = (publisher.mark(), moved)
 
     def _snapshot_round(self) -> None:
-        """At-least-once: the partitions whose budget is spent are copied now, at a batch
-        boundary, and written by a ``SnapshotWriter`` while processing goes on."""
+        """At-least-once: the partitions whose budget is spent are queued; ``_snapshot_next``
+        copies them one at a time at batch boundaries (the loop pauses for one partition's
+        copy, not for all of them), each written by a ``SnapshotWriter`` while processing
+        goes on."""
         self.cadence.done()
+        if self.no_more_snapshots or self._snapshot_queue:
+            return
+        self._snapshot_queue = [s.partition for s in self.due_snapshots()]
+        self._snapshot_next()
+
+    def _snapshot_next(self) -> None:
         if self.writer is not None or self.no_more_snapshots:
             return
-        due = self.due_snapshots()
-        if due:
-            writes = [snapshot_write(s) for s in due]
-            self.writer = SnapshotWriter(self.store, due, writes, self.publisher.mark())
+        while self._snapshot_queue:
+            slot = self.slots.get(self._snapshot_queue.pop(0))
+            if slot is not None and slot.dirty:
+                self.writer = SnapshotWriter(self.store, [slot], [snapshot_write(slot)], self.publisher.mark())
+                return
 
     def _finish_writer(self, wait: bool = False) -> None:
         """Move the background round on: release its manifests once the outputs it covers are
