@@ -108,8 +108,15 @@ class RestoreResult:
     manifest: Manifest | None = None
 
 
+# A topic that was just created, a leader that is moving, metadata that is briefly stale
+# (_UNKNOWN_PARTITION: the client's metadata lacks the partition during a broker bounce), brokers
+# briefly unreachable: all pass in seconds on a healthy cluster.
 _RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+              KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError._ALL_BROKERS_DOWN,
+              KafkaError._WAIT_COORD, KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
+              KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+              KafkaError.OFFSET_NOT_AVAILABLE}
 
 
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
@@ -186,7 +193,7 @@ class CheckpointStore:
 
     # -- topic --------------------------------------------------------------------------------
 
-    def ensure_topic(self, partitions: int, replication_factor: int = 1) -> None:
+    def ensure_topic(self, partitions: int, replication_factor: int = -1) -> None:
         """Create the snapshot topic (compacted) if it does not exist."""
         admin = AdminClient({"log_level": 3, **self._client_config})
         md = admin.list_topics(timeout=self.timeout_s)

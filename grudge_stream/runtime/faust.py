@@ -402,10 +402,20 @@ class FaustRuntime(WorkerCore):
 def build_app(topology: Topology, settings: Settings | None = None, **faust_options: Any) -> faust.App:
     """A Faust app running ``topology``; start it with ``faust.Worker(app).execute_from_commandline()``."""
     settings = settings or Settings()
+    replication = setting(settings, "replication_factor")
+    if replication == -1:
+        # The broker's default, asked here: Faust's topic creation cannot send -1.
+        from grudge_stream.kafkaconf import client_config
+        from grudge_stream.topics import broker_default_replication, wait_for_cluster
+
+        replication = wait_for_cluster(
+            "reading the brokers' default.replication.factor",
+            lambda: broker_default_replication(settings.bootstrap_servers, client_config(settings)),
+            setting(settings, "broker_wait_s"), settings.bootstrap_servers)
     options: dict[str, Any] = dict(
         broker=f"kafka://{settings.bootstrap_servers}",
         store="memory://",
-        topic_replication_factor=setting(settings, "replication_factor"),
+        topic_replication_factor=replication,
         topic_partitions=setting(settings, "partitions"),
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,

@@ -1089,7 +1089,8 @@ class LocalKafkaCluster:
     so a cluster of three keeps working with one node down, as a production one does.
     Nodes are numbered from 1; ``stop_node``, ``kill_node`` and ``start_node`` bounce one
     of them, keeping its data (fault tests). ``state_dir`` holds ``node-<id>/`` per node and
-    ``cluster.json``; ``None`` makes a temporary one that ``stop()`` deletes.
+    ``cluster.json``; ``None`` makes a temporary one that ``stop()`` deletes. ``warm_up=False``
+    leaves ``__consumer_offsets`` uncreated, so the first group meets a loading coordinator.
     """
 
     def __init__(
@@ -1103,6 +1104,7 @@ class LocalKafkaCluster:
         die_with_parent: bool = True,
         extra_config: Mapping[str, object] | None = None,
         quiet: bool = False,
+        warm_up: bool = True,
     ) -> None:
         if nodes < 1:
             raise DevKafkaError("a cluster needs at least one node")
@@ -1115,6 +1117,7 @@ class LocalKafkaCluster:
         self.version = version or kafka_version()
         self.startup_timeout = startup_timeout
         self.quiet = quiet
+        self.warm_up = warm_up
         self.bootstrap: str | None = None
         ports = _distinct_ports(2 * nodes)
         voters = ",".join(f"{i + 1}@127.0.0.1:{ports[2 * i + 1]}" for i in range(nodes))
@@ -1178,7 +1181,7 @@ class LocalKafkaCluster:
             raise
         self.bootstrap = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
         self.wait_for_brokers(len(self.nodes), self.startup_timeout)
-        if not warm_up_group_coordinator(self.bootstrap, timeout=30.0) and not self.quiet:
+        if self.warm_up and not warm_up_group_coordinator(self.bootstrap, timeout=30.0) and not self.quiet:
             print("devkafka: group coordinator not warm yet", file=sys.stderr)
         (self.state_dir / CLUSTER_FILE).write_text(json.dumps({
             "bootstrap": self.bootstrap,
@@ -1304,6 +1307,7 @@ def load_cluster(state_dir: Path) -> LocalKafkaCluster | None:
     cluster.version = info.get("version") or kafka_version()
     cluster.startup_timeout = STARTUP_TIMEOUT_S
     cluster.quiet = False
+    cluster.warm_up = True
     cluster.bootstrap = info["bootstrap"]
     cluster.nodes = []
     for nd in info["nodes"]:
