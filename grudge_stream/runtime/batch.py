@@ -97,9 +97,12 @@ class BatchWorker(WorkerCore):
 
     # -- core hooks -------------------------------------------------------------------------------
 
-    def _topic_partition_count(self) -> int:
-        md = self.consumer.list_topics(self.topic, timeout=30)
-        return len(md.topics[self.topic].partitions)
+    # The source's partition count comes from the core's own admin client, never from
+    # self.consumer: restores run inside the rebalance callback, and a consumer method that
+    # serves callbacks (list_topics, poll, consume, close) called there clears the consumer's
+    # per-thread call state; the next log or error callback of the same consume() then hits
+    # confluent-kafka's C assertion (CallState_get: cs != NULL) and aborts the process.
+    # Callbacks call only get_watermark_offsets, assign/unassign and commit on the consumer.
 
     def _low_watermark(self, p: int) -> int:
         return watermarks(self.consumer, TopicPartition(self.topic, p))[0]
@@ -147,6 +150,7 @@ class BatchWorker(WorkerCore):
         self.start_members()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stopping.set())
+        self.count()  # asked before any rebalance callback can need it
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
         batch_wait = self.batch_max_wait_ms / 1000.0
         # Forwarding operators read headers: the record path (no columns) for them only.
