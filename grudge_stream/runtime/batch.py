@@ -120,6 +120,7 @@ class BatchWorker(WorkerCore):
         # Every partition of the assignment counts as assigned before any is restored, so /ready
         # says 503 until the last one is.
         self.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
+        self.in_group = True
         self.metrics.assigned.set(len(self.assigned))
         for tp in partitions:
             if tp.topic != self.topic:
@@ -133,6 +134,7 @@ class BatchWorker(WorkerCore):
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
+        self.in_group = False
         try:
             self.checkpoint([p for p in revoked if p in self.slots])
         except DeliveryError as exc:

@@ -125,6 +125,10 @@ class WorkerCore:
     logger.
     """
 
+    # The group gave this member an assignment (maybe empty) since its last revocation: an
+    # adapter sets it in its rebalance callbacks.
+    in_group: bool = False
+
     runtime = ""
     log = logging.getLogger("grudge_stream.runtime")
 
@@ -317,7 +321,7 @@ class WorkerCore:
 
     def ready_status(self) -> tuple[int, dict]:
         """HTTP status and JSON body of ``/ready``."""
-        return readiness(self.assigned, self.slots, self.broker)
+        return readiness(self.assigned, self.slots, self.broker, self.in_group)
 
     @property
     def ready(self) -> bool:

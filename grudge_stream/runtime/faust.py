@@ -251,6 +251,7 @@ class FaustRuntime(WorkerCore):
     async def on_assigned(self, sender: Any, assigned: set, **kwargs: Any) -> None:
         parts = self._source_partitions(assigned)
         self.assigned = parts
+        self.in_group = True
         self.metrics.assigned.set(len(parts))
         for p in parts:
             if p not in self.slots:
@@ -277,6 +278,7 @@ class FaustRuntime(WorkerCore):
 
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         parts = self._source_partitions(revoked)
+        self.in_group = False
         async with self.lock:
             try:
                 await self._checkpoint([p for p in parts if p in self.slots])

@@ -193,11 +193,12 @@ class Result:
     exits: str = "none"
     ready: str = ""
     stall_s: float = float("nan")
+    fault: str = ""  # seconds from the watch's start: the first fault action .. cluster back in sync
     notes: list[str] = field(default_factory=list)
 
     def row(self, name: str) -> str:
         return (f"{name}: lost={self.lost} dup={self.dup} div={self.div} exits={self.exits} "
-                f"stall={self.stall_s:.1f}s ready=[{self.ready}]")
+                f"stall={self.stall_s:.1f}s fault={self.fault} ready=[{self.ready}]")
 
 
 def compare(h, read_committed: bool) -> Result:
@@ -250,7 +251,9 @@ def run_scenario(harness_on, cluster: LocalKafkaCluster, tmp_path, fault, runtim
         watch = Watch(h, w, cluster)
         feeder = h.produce_in_background(stream[4000:], seconds=feed_s)
         time.sleep(3)
+        fault_start = time.monotonic() - watch.t0
         fault(cluster, h)
+        fault_end = time.monotonic() - watch.t0
         feeder.join(300)
         assert not feeder.is_alive(), "the producer did not finish"
         fed = time.monotonic()
@@ -263,6 +266,7 @@ def run_scenario(harness_on, cluster: LocalKafkaCluster, tmp_path, fault, runtim
         res = compare(h, read_committed=exactly_once)
         res.stall_s = watch.longest_stall(fed)
         res.ready = watch.ready_transitions()
+        res.fault = f"{fault_start:.1f}s..{fault_end:.1f}s"
         if watch.exit_code is not None:
             res.exits = f"exited rc={watch.exit_code}"
         else:
