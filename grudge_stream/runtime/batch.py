@@ -44,7 +44,7 @@ import signal
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import watermarks
@@ -56,6 +56,12 @@ from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 
 log = logging.getLogger("grudge_stream.batch")
+
+
+_COMMIT_LATER = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
+                 KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                 KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                 KafkaError.REQUEST_TIMED_OUT}
 
 
 class BatchWorker(WorkerCore):
@@ -90,6 +96,9 @@ class BatchWorker(WorkerCore):
         }
         if self.instance_id:
             conf["group.instance.id"] = self.instance_id
+        # partition.assignment.strategy=cooperative-sticky (a pass-through property): incremental
+        # rebalances, where the partitions that stay keep flowing while others move.
+        self.cooperative = "cooperative-sticky" in str(conf.get("partition.assignment.strategy", ""))
         self.consumer = Consumer(conf)
         if self.exactly_once:
             self.transaction = Transaction(self.producer, self.consumer.consumer_group_metadata)
@@ -111,8 +120,17 @@ class BatchWorker(WorkerCore):
         return self.stopping.is_set()
 
     def commit_offsets(self, offsets: dict[int, int]) -> None:
-        self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                             asynchronous=False)
+        try:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                                 asynchronous=False)
+        except KafkaException as exc:
+            # A cooperative rebalance in progress (the consumer keeps consuming during one), a
+            # coordinator that moved: the next round commits again. Restores start from the
+            # snapshots' next offsets, so a commit that lags costs nothing but the lag metric.
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in _COMMIT_LATER):
+                raise
+            log.info("offset commit deferred to the next round: %s", err.str())
 
     # -- group membership ------------------------------------------------------------------------
 
@@ -129,12 +147,17 @@ class BatchWorker(WorkerCore):
             slot = self.adopt(tp.partition, self.restore(tp.partition))
             start = slot.operator.next_offset
             tp.offset = start if start is not None else OFFSET_BEGINNING
-        consumer.assign(partitions)
+        if self.cooperative:
+            consumer.incremental_assign(partitions)  # added to what it already holds
+        else:
+            consumer.assign(partitions)
         self.record_assignment()
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
-        self.in_group = False
+        # Eager: every partition goes and a new assignment follows. Cooperative: only these go,
+        # and the member stays in the group.
+        self.in_group = self.cooperative and self.in_group
         try:
             self.checkpoint([p for p in revoked if p in self.slots])
         except DeliveryError as exc:
@@ -142,7 +165,10 @@ class BatchWorker(WorkerCore):
         except Exception:  # the partitions are gone either way; the next owner replays from the last snapshot
             log.exception("checkpoint on revocation failed")
         self.release(revoked)
-        consumer.unassign()
+        if self.cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
         self.record_assignment()
 
     # -- main loop -------------------------------------------------------------------------------
