@@ -47,7 +47,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from grudge_stream._cyext._ingest import group_messages
-from grudge_stream.checkpoint import watermarks
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
@@ -111,10 +110,9 @@ class BatchWorker(WorkerCore):
     # serves callbacks (list_topics, poll, consume, close) called there clears the consumer's
     # per-thread call state; the next log or error callback of the same consume() then hits
     # confluent-kafka's C assertion (CallState_get: cs != NULL) and aborts the process.
-    # Callbacks call only get_watermark_offsets, assign/unassign and commit on the consumer.
-
-    def _low_watermark(self, p: int) -> int:
-        return watermarks(self.consumer, TopicPartition(self.topic, p))[0]
+    # Callbacks call only assign/unassign and commit on the consumer; the low watermark of a
+    # replay from the start is asked with the core's own client too (watermarks() refreshes
+    # the metadata of the consumer it is given).
 
     def is_stopping(self) -> bool:
         return self.stopping.is_set()
