@@ -104,7 +104,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         faust_options(settings)  # refuses, before connecting, security aiokafka cannot apply
         from grudge_stream.statedir import app_state_dir
 
-        app_state_dir(settings, topology.app_id)  # Faust's data directory: writable, or one line
+        app_state_dir(settings, topology.app_id, temporary_fallback=True)  # Faust's data directory
     conf = _connect(settings)
     wait_s = setting(settings, "broker_wait_s")
     if not args.no_create_topics:

@@ -445,7 +445,7 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
     options.update(faust_options_from_settings(settings))
     if "datadir" not in faust_options:
         # Faust creates <datadir>/v1/tables at start; its default is "<app_id>-data" in the cwd.
-        options["datadir"] = str(app_state_dir(settings, topology.app_id))
+        options["datadir"] = str(app_state_dir(settings, topology.app_id, temporary_fallback=True))
     options.update(faust_options)
     app = GrudgeApp(topology.app_id, **options)
     runtime = FaustRuntime(app, topology, settings)
