@@ -110,10 +110,27 @@ class Transaction:
         from confluent_kafka import TopicPartition
 
         if offsets:
-            self.producer.send_offsets_to_transaction(
-                [TopicPartition(topic, p, o) for p, o in offsets.items()], self.group_metadata(), 60)
-        self.producer.commit_transaction(60)
+            parts = [TopicPartition(topic, p, o) for p, o in offsets.items()]
+            _resume(lambda: self.producer.send_offsets_to_transaction(parts, self.group_metadata(), 60))
+        _resume(lambda: self.producer.commit_transaction(60))
         self.open = False
+
+
+def _resume(call: Callable[[], Any]) -> None:
+    """A transactional call, called again while it fails retriably: a cluster that is down
+    makes commit_transaction time out with "retry call to resume", and librdkafka resumes the
+    same operation on the next call (the worker ended there during a 45 s outage)."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not err.retriable() or err.fatal() or err.txn_requires_abort():
+                raise
+            logging.getLogger("grudge_stream.runtime").warning(
+                "transaction not committed yet (%s); calling again", err.str())
 
 
 class WorkerCore:
