@@ -8,13 +8,14 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean
+.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV), start a local Kafka broker, run pytest"
 	@echo "make demo          local broker + abuse-score worker + traffic; prints the alerts as they arrive"
 	@echo "make example       the example gateway (examples/gateway): a client blocked, forgiven, denied by hand"
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
+	@echo "make test-faults   the full broker-fault set on a three-node cluster, both runtimes (long)"
 	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
 	@echo "make bench-kafka   runtime benchmarks against a local broker (Faust, batch runtime, checkpoints, latency)"
 	@echo "make bench-peers   the abuse_scores job beside Kafka Streams, Quix Streams and a Faust Table (PEERS_ARGS=...)"
@@ -48,6 +49,11 @@ $(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
 test: install
 	$(RUN_INSTALLED) grudge_devkafka jars
 	$(BIN)/pytest
+
+# The full fault set of tests/integration/test_cluster_faults.py (make test runs its short part).
+test-faults: install
+	$(RUN_INSTALLED) grudge_devkafka jars
+	GRUDGE_FAULTS=1 $(BIN)/pytest tests/integration/test_cluster_faults.py -s
 
 test-unit: install
 	$(BIN)/pytest tests/unit tests/property tests/golden

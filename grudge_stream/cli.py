@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+from confluent_kafka import KafkaException
+
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, load_topology
@@ -108,7 +110,7 @@ def _check_web_port(host: str, port: int) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from grudge_stream.topics import check_group_runtime, ensure_topology_topics
+    from grudge_stream.topics import check_group_runtime, ensure_topology_topics, wait_for_cluster
 
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
@@ -124,14 +126,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         faust_options(settings)  # refuses, before connecting, security aiokafka cannot apply
         from grudge_stream.statedir import app_state_dir
 
-        app_state_dir(settings, topology.app_id)  # Faust's data directory: writable, or one line
+        app_state_dir(settings, topology.app_id, temporary_fallback=True)  # Faust's data directory
     if runtime == "batch" or setting(settings, "web_enabled"):
         _check_web_port(setting(settings, "web_host"), setting(settings, "web_port"))
     conf = _connect(settings)
+    wait_s = setting(settings, "broker_wait_s")
     if not args.no_create_topics:
-        ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
-                               create_source=args.create_source, timestamp_bounds=True, client_config=conf)
-    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf)
+        # A cluster that answers metadata may still be electing leaders or creating internal
+        # topics: the checks below retry until broker_wait_s, then exit with one line.
+        wait_for_cluster("creating the topology's topics", lambda: ensure_topology_topics(
+            topology, settings.bootstrap_servers, partitions=args.partitions, create_source=args.create_source,
+            timestamp_bounds=True, client_config=conf,
+            replication_factor=setting(settings, "replication_factor")), wait_s, settings.bootstrap_servers)
+    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf, wait_s=wait_s)
     from grudge_stream.deployments import check_own_topics
 
     check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # one deployment's topics
@@ -178,7 +185,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from grudge_stream.topics import ensure_topology_topics
+    from grudge_stream.topics import ensure_topology_topics, topic_replication, wait_for_cluster
 
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
@@ -186,8 +193,12 @@ def cmd_topics(args: argparse.Namespace) -> int:
     from grudge_stream.deployments import check_own_topics
 
     check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # before creating anything
-    n = ensure_topology_topics(topology, settings.bootstrap_servers, partitions=args.partitions,
-                               create_source=True, timestamp_bounds=True, client_config=conf)
+    names = _topology_topic_names(topology)
+    before = topic_replication(settings.bootstrap_servers, names, conf)
+    n = wait_for_cluster("creating the topology's topics", lambda: ensure_topology_topics(
+        topology, settings.bootstrap_servers, partitions=args.partitions, create_source=True,
+        timestamp_bounds=True, client_config=conf, replication_factor=setting(settings, "replication_factor")),
+        setting(settings, "broker_wait_s"), settings.bootstrap_servers)
     if args.partitions is not None and n != args.partitions:
         raise ConfigError(
             f"source topic {topology.source_topic!r} exists with {n} partitions, not {args.partitions}: "
@@ -198,7 +209,20 @@ def cmd_topics(args: argparse.Namespace) -> int:
               else f"{rp.source_topic} (re-keyed by {rp.key_field!r} into {rp.topic})")
     print(f"{source}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
           f"snapshots {topology.snapshot_topic}")
+    for name, (parts, replicas) in sorted(topic_replication(settings.bootstrap_servers, names, conf).items()):
+        print(f"  {name}: {parts} partitions, replication {replicas} ({'exists' if name in before else 'created'})")
     return 0
+
+
+def _topology_topic_names(topology) -> list[str]:
+    rp = topology.extra.get("repartition")
+    names = {topology.source_topic, topology.snapshot_topic, *topology.outputs.values()}
+    if rp is not None:
+        names |= {rp.source_topic, rp.topic}
+    if topology.overrides_topic:
+        names.add(topology.overrides_topic)
+    return sorted(names)
+
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
@@ -581,6 +605,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except GrudgeError as exc:  # a user error: one line, exit 2 (tracebacks are for bugs)
         print(f"grudge-stream {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KafkaException as exc:  # what the cluster answered, not a bug here: one line too
+        err = exc.args[0] if exc.args else exc
+        text = " ".join(str(err.str() if hasattr(err, "str") else err).split())
+        print(f"grudge-stream {args.command}: Kafka: {text}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `grudge-stream describe ... | head`: the reader has gone
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -55,12 +55,17 @@ class BrokerProbe:
                 self._running = False
 
 
-def readiness(assigned, slots, broker: BrokerProbe) -> tuple[int, dict]:
+def readiness(assigned, slots, broker: BrokerProbe, in_group: bool = False) -> tuple[int, dict]:
     """``/ready`` of either runtime: 200 once every assigned partition is restored and the
-    cluster answers, else 503; the body says which partitions are assigned and restored."""
-    ready = bool(assigned) and all(p in slots for p in assigned) and broker.ok()
+    cluster answers, else 503; the body says which partitions are assigned and restored.
+
+    ``in_group``: the group gave this member an assignment, possibly empty. A member with no
+    partitions (more replicas than partitions) is ready: it is in the group, takes over a
+    partition at the next rebalance and forwards score queries to the owners."""
+    restored = all(p in slots for p in assigned)
+    ready = (bool(assigned) and restored or not assigned and in_group) and broker.ok()
     body = {"ready": ready, "assigned": sorted(assigned), "restored": sorted(p for p in assigned if p in slots),
-            "broker": broker.reachable, "broker_error": broker.error}
+            "idle": in_group and not assigned, "broker": broker.reachable, "broker_error": broker.error}
     return (200 if ready else 503), body
 
 

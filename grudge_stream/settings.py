@@ -326,7 +326,8 @@ COMMON: list[Setting] = [
       "(debugging only, docs/serving.md)"),
     S("web_enabled", "bool", True, "Faust runtime: serve the web pages"),
     S("partitions", "int", 8, "Faust runtime: partitions of topics it creates", min=1),
-    S("replication_factor", "int", 1, "replication factor of topics the worker creates", min=1),
+    S("replication_factor", "int", -1, "replication factor of topics the worker creates; -1: the broker's "
+      "default.replication.factor (as Kafka Streams); more than the cluster's brokers is refused", min=-1),
     S("broker_wait_s", "float", 120.0, "how long a starting worker waits for an unreachable cluster before "
       "it exits (one line, exit 2)", "s", min=0),
     S("state_dir", "str", None, "where the worker keeps local files (default $GRUDGE_STATE_DIR, else a "

@@ -15,17 +15,27 @@ The state directory is the ``state_dir`` setting (``--set state_dir=...`` or
 
 else the worker stops with a one-line ``ConfigError`` (exit status 2) that says to
 set ``GRUDGE_STATE_DIR``. A worker's files go to ``<state_dir>/<app_id>``.
+
+The Faust runtime's local files are rebuilt from Kafka on every start, so it does
+not stop there: with no ``state_dir`` set and none of the above writable (an
+unprivileged container with no home), it takes a private temporary directory
+(mode 0700, under ``TMPDIR`` or ``/tmp``) and says so in one INFO line.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pwd
+import tempfile
 from pathlib import Path
 from typing import Mapping
 
 from grudge_stream.exceptions import ConfigError
 
+log = logging.getLogger(__name__)
+
 APP_NAME = "grudge-stream"
+_TEMP_DIRS: dict[str, Path] = {}  # app id -> the private temporary directory taken for it
 SYSTEM_STATE_DIR = Path("/var/lib") / APP_NAME
 
 
@@ -69,10 +79,28 @@ def state_dir(settings) -> Path:
     return default_state_dir(getattr(settings, "environ", None))
 
 
-def app_state_dir(settings, app_id: str) -> Path:
+def app_state_dir(settings, app_id: str, temporary_fallback: bool = False) -> Path:
     """``<state_dir>/<app_id>``, created if missing and checked writable; a ``ConfigError``
-    (one line, exit status 2 from the CLI) when it cannot be."""
-    base = state_dir(settings)
+    (one line, exit status 2 from the CLI) when it cannot be.
+
+    ``temporary_fallback`` (the Faust runtime, whose local files are rebuilt from Kafka):
+    with no ``state_dir`` setting and no writable default, a private temporary directory,
+    the same one for every call of this process."""
+    try:
+        base = state_dir(settings)
+    except ConfigError as exc:
+        if not temporary_fallback:
+            raise
+        name = app_id.replace(os.sep, "_")
+        if name not in _TEMP_DIRS:
+            try:
+                _TEMP_DIRS[name] = Path(tempfile.mkdtemp(prefix=f"{APP_NAME}-{name}-"))
+            except OSError:
+                raise exc from None
+            log.info("no writable state directory for uid %d: using the private temporary directory %s "
+                     "(Faust's local files, rebuilt from Kafka on every start; set GRUDGE_STATE_DIR to keep "
+                     "them elsewhere)", os.getuid(), _TEMP_DIRS[name])
+        return _TEMP_DIRS[name]
     path = base / app_id.replace(os.sep, "_")
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -108,13 +108,32 @@ class RestoreResult:
     manifest: Manifest | None = None
 
 
+# A topic that was just created, a leader that is moving, metadata that is briefly stale
+# (_UNKNOWN_PARTITION: the client's metadata lacks the partition during a broker bounce), brokers
+# briefly unreachable: all pass in seconds on a healthy cluster.
 _RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+              KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError._ALL_BROKERS_DOWN,
+              KafkaError._WAIT_COORD, KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
+              KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+              KafkaError.OFFSET_NOT_AVAILABLE}
+
+
+# Errors that mean the client's metadata is stale: it is refreshed before the next try.
+_STALE_METADATA = {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.NOT_LEADER_FOR_PARTITION,
+                   KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                   KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH}
 
 
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
     """``(low, high)`` offsets of a partition, retrying the transient errors of a topic that was
-    just created or whose leader is moving."""
+    just created or whose leader is moving.
+
+    On stale metadata it asks the consumer for the topic's metadata (``list_topics``): a
+    consumer not assigned the partition never refreshes it otherwise, and kept answering
+    ``_UNKNOWN_PARTITION`` for longer than the timeout after a broker's kill -9. So never pass
+    a consumer from inside one of its own callbacks (confluent-kafka aborts; see
+    runtime/batch.py)."""
     deadline = time.monotonic() + timeout_s
     delay = 0.05
     while True:
@@ -122,10 +141,16 @@ def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) 
             return consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()),
                                                   cached=False)
         except KafkaException as exc:
-            if exc.args[0].code() not in _RETRIABLE or time.monotonic() + delay > deadline:
+            code = exc.args[0].code()
+            if code not in _RETRIABLE or time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+            if code in _STALE_METADATA:
+                try:
+                    consumer.list_topics(tp.topic, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                except KafkaException:
+                    pass  # the next try says what is wrong
 
 
 class CheckpointStore:
@@ -186,7 +211,7 @@ class CheckpointStore:
 
     # -- topic --------------------------------------------------------------------------------
 
-    def ensure_topic(self, partitions: int, replication_factor: int = 1) -> None:
+    def ensure_topic(self, partitions: int, replication_factor: int = -1) -> None:
         """Create the snapshot topic (compacted) if it does not exist."""
         admin = AdminClient({"log_level": 3, **self._client_config})
         md = admin.list_topics(timeout=self.timeout_s)

@@ -47,10 +47,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from grudge_stream._cyext._ingest import group_messages
-from grudge_stream.checkpoint import watermarks
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
@@ -106,6 +105,12 @@ class SnapshotWriter:
             self.done.set()
 
 
+_COMMIT_LATER = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
+                 KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                 KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                 KafkaError.REQUEST_TIMED_OUT}
+
+
 class BatchWorker(WorkerCore):
     runtime = "batch"
     log = log
@@ -146,6 +151,9 @@ class BatchWorker(WorkerCore):
         }
         if self.instance_id:
             conf["group.instance.id"] = self.instance_id
+        # partition.assignment.strategy=cooperative-sticky (a pass-through property): incremental
+        # rebalances, where the partitions that stay keep flowing while others move.
+        self.cooperative = "cooperative-sticky" in str(conf.get("partition.assignment.strategy", ""))
         self.consumer = Consumer(conf)
         if self.exactly_once:
             self.transaction = Transaction(self.producer, self.consumer.consumer_group_metadata)
@@ -153,19 +161,31 @@ class BatchWorker(WorkerCore):
 
     # -- core hooks -------------------------------------------------------------------------------
 
-    def _topic_partition_count(self) -> int:
-        md = self.consumer.list_topics(self.topic, timeout=30)
-        return len(md.topics[self.topic].partitions)
-
-    def _low_watermark(self, p: int) -> int:
-        return watermarks(self.consumer, TopicPartition(self.topic, p))[0]
+    # The source's partition count comes from the core's own admin client, never from
+    # self.consumer: restores run inside the rebalance callback, and a consumer method that
+    # serves callbacks (list_topics, poll, consume, close) called there clears the consumer's
+    # per-thread call state; the next log or error callback of the same consume() then hits
+    # confluent-kafka's C assertion (CallState_get: cs != NULL) and aborts the process.
+    # Callbacks call only assign/unassign and commit on the consumer; the low watermark of a
+    # replay from the start is asked with the core's own client too (watermarks() refreshes
+    # the metadata of the consumer it is given).
 
     def is_stopping(self) -> bool:
         return self.stopping.is_set()
 
     def commit_offsets(self, offsets: dict[int, int]) -> None:
-        self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                             asynchronous=False)
+        try:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                                 asynchronous=False)
+        except KafkaException as exc:
+            # A cooperative rebalance in progress (the consumer keeps consuming during one), a
+            # coordinator that moved: the next round commits again (a restore then replays a
+            # little more, silently up to the older commit).
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in _COMMIT_LATER):
+                raise
+            log.info("offset commit deferred to the next round: %s", err.str())
+            return
         self.committed.update(offsets)
         self.metrics.commits.labels(self.topology.operator_id).inc()
 
@@ -175,6 +195,7 @@ class BatchWorker(WorkerCore):
         # Every partition of the assignment counts as assigned before any is restored, so /ready
         # says 503 until the last one is.
         self.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
+        self.in_group = True
         self.metrics.assigned.set(len(self.assigned))
         self._finish_writer(wait=True)
         ours = [tp.partition for tp in partitions if tp.topic == self.topic]
@@ -189,13 +210,19 @@ class BatchWorker(WorkerCore):
             self.committed[tp.partition] = committed.get(tp.partition, -1)
             start = slot.operator.next_offset
             tp.offset = start if start is not None else OFFSET_BEGINNING
-        consumer.assign(partitions)
+        if self.cooperative:
+            consumer.incremental_assign(partitions)  # added to what it already holds
+        else:
+            consumer.assign(partitions)
         self.record_assignment()
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
         self._finish_writer(wait=True)
         self._pending_commit = None
+        # Eager: every partition goes and a new assignment follows. Cooperative: only these go,
+        # and the member stays in the group.
+        self.in_group = self.cooperative and self.in_group
         try:
             self.checkpoint([p for p in revoked if p in self.slots])
         except DeliveryError as exc:
@@ -205,7 +232,10 @@ class BatchWorker(WorkerCore):
         self.release(revoked)
         for p in revoked:
             self.committed.pop(p, None)
-        consumer.unassign()
+        if self.cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
         self.record_assignment()
 
     # -- main loop -------------------------------------------------------------------------------
@@ -215,6 +245,7 @@ class BatchWorker(WorkerCore):
         self.start_members()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stopping.set())
+        self.count()  # asked before any rebalance callback can need it
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
         batch_wait = self.batch_max_wait_ms / 1000.0
         # Forwarding operators read headers: the record path (no columns) for them only.
@@ -336,10 +367,14 @@ class BatchWorker(WorkerCore):
             if publisher.delivered_through(mark):
                 offsets = {p: o for p, o in offsets.items() if p in self.slots}
                 if offsets:
-                    self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                                         asynchronous=True)
-                    self.committed.update(offsets)
-                    self.metrics.commits.labels(self.topology.operator_id).inc()
+                    try:
+                        self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                                             asynchronous=True)
+                    except KafkaException as exc:  # a rebalance in progress, say: the next interval
+                        log.info("offset commit deferred to the next interval: %s", exc.args[0].str())
+                    else:
+                        self.committed.update(offsets)
+                        self.metrics.commits.labels(self.topology.operator_id).inc()
                 self._pending_commit = None
         if self._pending_commit is None and self.commits.due():
             self.commits.done()

@@ -128,10 +128,27 @@ class Transaction:
         from confluent_kafka import TopicPartition
 
         if offsets:
-            self.producer.send_offsets_to_transaction(
-                [TopicPartition(topic, p, o) for p, o in offsets.items()], self.group_metadata(), 60)
-        self.producer.commit_transaction(60)
+            parts = [TopicPartition(topic, p, o) for p, o in offsets.items()]
+            _resume(lambda: self.producer.send_offsets_to_transaction(parts, self.group_metadata(), 60))
+        _resume(lambda: self.producer.commit_transaction(60))
         self.open = False
+
+
+def _resume(call: Callable[[], Any]) -> None:
+    """A transactional call, called again while it fails retriably: a cluster that is down
+    makes commit_transaction time out with "retry call to resume", and librdkafka resumes the
+    same operation on the next call (the worker ended there during a 45 s outage)."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not err.retriable() or err.fatal() or err.txn_requires_abort():
+                raise
+            logging.getLogger("grudge_stream.runtime").warning(
+                "transaction not committed yet (%s); calling again", err.str())
 
 
 class WorkerCore:
@@ -142,6 +159,10 @@ class WorkerCore:
     ``commit_offsets`` (a consumer commit) and ``is_stopping``. ``log`` is the adapter's
     logger.
     """
+
+    # The group gave this member an assignment (maybe empty) since its last revocation: an
+    # adapter sets it in its rebalance callbacks.
+    in_group: bool = False
 
     runtime = ""
     log = logging.getLogger("grudge_stream.runtime")
@@ -389,7 +410,7 @@ class WorkerCore:
     def ready_status(self) -> tuple[int, dict]:
         """``/ready`` with each partition's restore replay (``replay_report``) and their sum: a
         worker whose snapshots do not land stays ready (it processes and commits), and says so."""
-        status, body = readiness(self.assigned, self.slots, self.broker)
+        status, body = readiness(self.assigned, self.slots, self.broker, self.in_group)
         report = self.replay_report()
         body["replay"] = {str(p): r for p, r in sorted(report.items())}
         body["restore_replay_s"] = round(sum(r["replay_s"] for r in report.values()), 3)

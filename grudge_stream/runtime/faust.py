@@ -254,6 +254,7 @@ class FaustRuntime(WorkerCore):
     async def on_assigned(self, sender: Any, assigned: set, **kwargs: Any) -> None:
         parts = self._source_partitions(assigned)
         self.assigned = parts
+        self.in_group = True
         self.metrics.assigned.set(len(parts))
         for p in parts:
             if p not in self.slots:
@@ -285,6 +286,7 @@ class FaustRuntime(WorkerCore):
 
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         parts = self._source_partitions(revoked)
+        self.in_group = False
         async with self.lock:
             try:
                 await self._checkpoint([p for p in parts if p in self.slots])
@@ -427,10 +429,20 @@ class FaustRuntime(WorkerCore):
 def build_app(topology: Topology, settings: Settings | None = None, **faust_options: Any) -> faust.App:
     """A Faust app running ``topology``; start it with ``faust.Worker(app).execute_from_commandline()``."""
     settings = settings or Settings()
+    replication = setting(settings, "replication_factor")
+    if replication == -1:
+        # The broker's default, asked here: Faust's topic creation cannot send -1.
+        from grudge_stream.kafkaconf import client_config
+        from grudge_stream.topics import broker_default_replication, wait_for_cluster
+
+        replication = wait_for_cluster(
+            "reading the brokers' default.replication.factor",
+            lambda: broker_default_replication(settings.bootstrap_servers, client_config(settings)),
+            setting(settings, "broker_wait_s"), settings.bootstrap_servers)
     options: dict[str, Any] = dict(
         broker=f"kafka://{settings.bootstrap_servers}",
         store="memory://",
-        topic_replication_factor=setting(settings, "replication_factor"),
+        topic_replication_factor=replication,
         topic_partitions=setting(settings, "partitions"),
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
@@ -459,7 +471,7 @@ def build_app(topology: Topology, settings: Settings | None = None, **faust_opti
     options.update(faust_options_from_settings(settings))
     if "datadir" not in faust_options:
         # Faust creates <datadir>/v1/tables at start; its default is "<app_id>-data" in the cwd.
-        options["datadir"] = str(app_state_dir(settings, topology.app_id))
+        options["datadir"] = str(app_state_dir(settings, topology.app_id, temporary_fallback=True))
     options.update(faust_options)
     app = GrudgeApp(topology.app_id, **options)
     runtime = FaustRuntime(app, topology, settings)

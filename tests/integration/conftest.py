@@ -296,6 +296,22 @@ def harness(kafka_bootstrap, tmp_path):
         h.close()
 
 
+@pytest.fixture
+def harness_on(tmp_path):
+    """A Harness factory bound to a broker of the test's choosing (``harness_on(bootstrap, ...)``),
+    for tests that run their own cluster; workers are killed at the end."""
+    made: list[Harness] = []
+
+    def make(bootstrap: str, **kw) -> Harness:
+        h = Harness(bootstrap, tmp_path, **kw)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
 # -- embedded state: the example apps of examples/ ---------------------------------------------
 
 def embedded_events(n: int, seed: int, abusers: int, users: int) -> list[tuple[bytes, bytes, int]]:

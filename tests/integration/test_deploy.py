@@ -144,12 +144,28 @@ def test_worker_runs_unprivileged_from_a_read_only_cwd(harness, sandbox, runtime
         assert written == [], f"the batch runtime keeps no local files: {written}"
 
 
-def test_worker_without_a_usable_state_dir_exits_2_with_one_line(sandbox) -> None:
+def test_faust_worker_without_a_home_takes_a_private_temporary_directory(harness, sandbox) -> None:
+    """uid 65534 with no writable home and no GRUDGE_STATE_DIR: the Faust runtime's local files
+    are rebuilt from Kafka anyway, so it runs from a private temporary directory, said in one
+    INFO line (it refused to start before)."""
     prefix, env, cwd, _ = sandbox
     if Path("/var/lib/grudge-stream").exists():
         pytest.skip("/var/lib/grudge-stream exists here: the default could be usable")
+    h = harness(partitions=2)
+    h.produce(h.make_events(1000, seed=13))
+    w = _start(h, prefix + [sys.executable, "-m", "grudge_stream.cli"], "faust", env, cwd, "nohome")
+    ready = json.loads(_wait_status(w, "/ready", 200, timeout=90))
+    assert sorted(ready["restored"]) == [0, 1]
+    assert w.stop(timeout=90) == 0, w.log()[-3000:]
+    assert "private temporary directory" in w.log() and "Traceback" not in w.log(), w.log()[-3000:]
+    assert list(cwd.iterdir()) == [], "nothing is written to the working directory"
+
+
+def test_worker_with_an_unusable_state_dir_exits_2_with_one_line(sandbox) -> None:
+    prefix, env, cwd, _ = sandbox
     cmd = prefix + [sys.executable, "-m", "grudge_stream.cli", "worker", "abuse_scores", "--no-create-topics",
-                    "--bootstrap-servers", "127.0.0.1:1", "--set", "seed=" + "cd" * 16]
+                    "--bootstrap-servers", "127.0.0.1:1", "--set", "seed=" + "cd" * 16,
+                    "--set", "state_dir=/proc/grudge-stream"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=str(cwd))
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()

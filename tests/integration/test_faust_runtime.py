@@ -116,9 +116,13 @@ def test_exactly_once_outputs_survive_kill_9(harness) -> None:
     assert set(seen) == expected
 
 
-@pytest.mark.parametrize("runtime,drain", [("faust", "batch"), ("faust", "agent"), ("batch", "batch")])
+@pytest.mark.parametrize("runtime,drain", [("faust", "batch"), ("faust", "agent"), ("batch", "batch"),
+                                           ("batch", "cooperative-sticky")])
 def test_two_workers_rebalance_to_the_same_state(harness, runtime: str, drain: str) -> None:
-    h = harness(partitions=4, drain=drain, runtime=runtime)
+    if drain == "cooperative-sticky":  # incremental rebalances: only the moving partitions stop
+        h = harness(partitions=4, runtime=runtime, **{"kafka.partition.assignment.strategy": drain})
+    else:
+        h = harness(partitions=4, drain=drain, runtime=runtime)
     events = h.make_events(50_000, seed=12)
     feeder = h.produce_in_background(events, seconds=20)
     a = h.start_worker()

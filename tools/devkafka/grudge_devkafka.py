@@ -13,6 +13,8 @@ Command line::
     python -m grudge_devkafka status [--dir DIR]
     python -m grudge_devkafka stop   [--dir DIR]
     python -m grudge_devkafka jars
+    python -m grudge_devkafka start --nodes 3 [--dir DIR]     # a cluster (LocalKafkaCluster)
+    python -m grudge_devkafka node {stop,kill,start} ID [--dir DIR]
 
 ``start`` prints only the bootstrap address on stdout, so
 ``export KAFKA_BOOTSTRAP_SERVERS=$(python -m grudge_devkafka start)``
@@ -410,11 +412,14 @@ def broker_properties(
     extra: Mapping[str, object] | None = None,
     sasl_ssl: SaslSslListener | None = None,
     sasl_ssl_port: int | None = None,
+    node_id: int = 1,
+    voters: str | None = None,
 ) -> dict[str, str]:
-    """Settings for a single-node test broker; see docs/dev-broker.md for the why."""
+    """Settings for a single-node test broker, or one node of a cluster when ``voters``
+    (``controller.quorum.voters``, static) is given; see docs/dev-broker.md for the why."""
     props: dict[str, object] = {
         "process.roles": "broker,controller",
-        "node.id": 1,
+        "node.id": node_id,
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -444,6 +449,12 @@ def broker_properties(
         # Let compaction tests see results in seconds, not after 15 s idle.
         "log.cleaner.backoff.ms": 1000,
     }
+    if voters:
+        # A cluster: static voters (every node is broker and controller), internal topics
+        # with three replicas and the min.insync.replicas=2 a production cluster has.
+        del props["controller.quorum.bootstrap.servers"]
+        props["controller.quorum.voters"] = voters
+        props.update(cluster_properties(voters.count("@")))
     if _major(version) < 4:
         # 3.x: KRaft is not the default for a bare server.properties in old
         # minors, and share groups do not exist.
@@ -484,6 +495,23 @@ log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.kafka.request.logger=WARN
 """
+
+
+def cluster_properties(nodes: int) -> dict[str, object]:
+    """The replication settings of every node of a ``LocalKafkaCluster``: three replicas
+    (fewer on a smaller cluster) and ``min.insync.replicas=2``, as in production."""
+    rf, isr = min(3, nodes), min(2, nodes)
+    return {
+        "offsets.topic.replication.factor": rf,
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": isr,
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": isr,
+        "default.replication.factor": rf,
+        "min.insync.replicas": isr,
+        # Leadership goes back to the preferred replica soon after a node returns (default 300 s).
+        "leader.imbalance.check.interval.seconds": 10,
+    }
 
 
 def _write_properties(path: Path, props: Mapping[str, str]) -> None:
@@ -691,6 +719,10 @@ class LocalKafka:
     sasl_ssl:
         A ``SaslSslListener``: an extra SASL_SSL listener on 127.0.0.1 (its
         address in ``sasl_ssl_bootstrap``); the PLAINTEXT listener stays.
+    node_id, voters, cluster_id, controller_port:
+        One node of a ``LocalKafkaCluster``: its id, the static
+        ``controller.quorum.voters`` of the cluster, the cluster id every
+        node is formatted with, and its controller port.
     """
 
     def __init__(
@@ -707,6 +739,10 @@ class LocalKafka:
         warm_up: bool = True,
         quiet: bool = False,
         sasl_ssl: SaslSslListener | None = None,
+        node_id: int = 1,
+        voters: str | None = None,
+        cluster_id: str | None = None,
+        controller_port: int | None = None,
     ) -> None:
         if sasl_ssl is not None:
             sasl_ssl.check()
@@ -725,6 +761,10 @@ class LocalKafka:
         self.extra_config = dict(extra_config or {})
         self.quiet = quiet
         self.sasl_ssl = sasl_ssl
+        self.node_id = node_id
+        self.voters = voters
+        self.cluster_id = cluster_id
+        self.controller_port = controller_port
         self.bootstrap: str | None = None
         # "127.0.0.1:PORT" of the SASL_SSL listener, when there is one.
         self.sasl_ssl_bootstrap: str | None = None
@@ -802,7 +842,7 @@ class LocalKafka:
                     ms = re.search(r"SASL_SSL://[^:]+:(\d+)", old.get("listeners", ""))
                     self._sasl_port = int(ms.group(1)) if ms else (self.sasl_ssl.port or free_port())
                 props = broker_properties(port, cport, data, self.version, self.extra_config,
-                                          self.sasl_ssl, self._sasl_port)
+                                          self.sasl_ssl, self._sasl_port, self.node_id, self.voters)
                 _write_properties(server_props, props)
                 self._say(f"reusing formatted data in {data}")
                 return port, cport
@@ -813,7 +853,7 @@ class LocalKafka:
             with contextlib.suppress(FileNotFoundError):
                 (sd / name).unlink()
         port = self.port or free_port()
-        cport = free_port()
+        cport = self.controller_port or free_port()
         while cport == port:
             cport = free_port()
         scram: list[str] = []
@@ -823,7 +863,7 @@ class LocalKafka:
                 self._sasl_port = free_port()
             scram = self.sasl_ssl.scram_arguments()
         props = broker_properties(port, cport, data, self.version, self.extra_config,
-                                  self.sasl_ssl, self._sasl_port)
+                                  self.sasl_ssl, self._sasl_port, self.node_id, self.voters)
         _write_properties(server_props, props)
         if _major(self.version) >= 4:
             (sd / "log4j2.properties").write_text(_LOG4J2_PROPERTIES)
@@ -837,9 +877,10 @@ class LocalKafka:
             *self._log_flags(),
             "kafka.tools.StorageTool",
             "format",
-            "--standalone",
+            # Static voters need no quorum flag; a single node is a standalone dynamic quorum.
+            *([] if self.voters else ["--standalone"]),
             "--cluster-id",
-            new_cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "--config",
             str(server_props),
             *scram,
@@ -868,6 +909,10 @@ class LocalKafka:
         return [*cfg, f"-Dkafka.logs.dir={sd / LOG_SUBDIR}"]
 
     def _launch(self, java: str, libs: Path) -> str:
+        return self._await(*self._spawn(java, libs))
+
+    def _spawn(self, java: str, libs: Path) -> tuple[subprocess.Popen[bytes], float, int, int]:
+        """Format (unless reusing data) and launch the JVM; do not wait for it."""
         sd = self.state_dir
         port, cport = self._prepare(java, libs)
         bootstrap = f"127.0.0.1:{port}"
@@ -907,6 +952,12 @@ class LocalKafka:
         self._proc, self.pid = proc, proc.pid
         (sd / PID_FILE).write_text(f"{proc.pid}\n")
         self._say(f"Kafka {self.version} starting (pid {proc.pid}) on {bootstrap}, state in {sd}")
+        return proc, t0, port, cport
+
+    def _await(self, proc: subprocess.Popen[bytes], t0: float, port: int, cport: int) -> str:
+        """Wait until the launched JVM answers metadata; record and return its address."""
+        sd = self.state_dir
+        bootstrap = f"127.0.0.1:{port}"
         try:
             wait_until_ready(
                 bootstrap, t0 + self.startup_timeout, alive=lambda: proc.poll() is None
@@ -943,6 +994,7 @@ class LocalKafka:
                     "pid": proc.pid,
                     "bootstrap": bootstrap,
                     "controller": f"127.0.0.1:{cport}",
+                    "node_id": self.node_id,
                     "sasl_ssl_bootstrap": self.sasl_ssl_bootstrap,
                     "version": self.version,
                     "started_at": time.time(),
@@ -996,6 +1048,23 @@ class LocalKafka:
             if self._temp:
                 shutil.rmtree(self.state_dir, ignore_errors=True)
 
+    def kill(self) -> None:
+        """SIGKILL the broker (no clean shutdown), keeping its data for a restart."""
+        pid = self._proc.pid if self._proc is not None else self.pid
+        if pid is not None and _pid_alive(pid) and _is_our_broker(pid, self.state_dir):
+            os.kill(pid, signal.SIGKILL)
+        if self._proc is not None:
+            self._proc.wait(10)
+        else:
+            deadline = time.monotonic() + 10
+            while pid is not None and _pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._proc = self.pid = None
+        self.bootstrap = self.sasl_ssl_bootstrap = None
+        for name in (PID_FILE, BOOTSTRAP_FILE, STATE_FILE):
+            with contextlib.suppress(OSError):
+                (self.state_dir / name).unlink()
+
     def is_running(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is None
@@ -1007,6 +1076,252 @@ class LocalKafka:
 
 class _PortClash(DevKafkaError):
     pass
+
+
+CLUSTER_FILE = "cluster.json"
+CLUSTER_HEAP = "512m"  # three JVMs on a laptop; snapshots of a few MB still fit
+
+
+class LocalKafkaCluster:
+    """Several KRaft nodes on 127.0.0.1, each broker and controller, with static voters.
+
+    Internal topics get three replicas and ``min.insync.replicas=2`` (``cluster_properties``),
+    so a cluster of three keeps working with one node down, as a production one does.
+    Nodes are numbered from 1; ``stop_node``, ``kill_node`` and ``start_node`` bounce one
+    of them, keeping its data (fault tests). ``state_dir`` holds ``node-<id>/`` per node and
+    ``cluster.json``; ``None`` makes a temporary one that ``stop()`` deletes. ``warm_up=False``
+    leaves ``__consumer_offsets`` uncreated, so the first group meets a loading coordinator.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        nodes: int = 3,
+        version: str | None = None,
+        heap: str | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
+        die_with_parent: bool = True,
+        extra_config: Mapping[str, object] | None = None,
+        quiet: bool = False,
+        warm_up: bool = True,
+    ) -> None:
+        if nodes < 1:
+            raise DevKafkaError("a cluster needs at least one node")
+        self._temp = state_dir is None
+        self.state_dir = (
+            Path(tempfile.mkdtemp(prefix="grudge-kafka-cluster-"))
+            if state_dir is None
+            else Path(state_dir).resolve()
+        )
+        self.version = version or kafka_version()
+        self.startup_timeout = startup_timeout
+        self.quiet = quiet
+        self.warm_up = warm_up
+        self.bootstrap: str | None = None
+        ports = _distinct_ports(2 * nodes)
+        voters = ",".join(f"{i + 1}@127.0.0.1:{ports[2 * i + 1]}" for i in range(nodes))
+        cid = new_cluster_id()
+        self.nodes = [
+            LocalKafka(
+                self.state_dir / f"node-{i + 1}",
+                port=ports[2 * i],
+                controller_port=ports[2 * i + 1],
+                node_id=i + 1,
+                voters=voters,
+                cluster_id=cid,
+                version=self.version,
+                heap=heap or os.environ.get("GRUDGE_KAFKA_HEAP", CLUSTER_HEAP),
+                startup_timeout=startup_timeout,
+                die_with_parent=die_with_parent,
+                extra_config=extra_config,
+                warm_up=False,
+                quiet=quiet,
+            )
+            for i in range(nodes)
+        ]
+
+    def __enter__(self) -> LocalKafkaCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalKafkaCluster(nodes={len(self.nodes)}, bootstrap={self.bootstrap!r})"
+
+    def node(self, node_id: int) -> LocalKafka:
+        if not 1 <= node_id <= len(self.nodes):
+            raise DevKafkaError(f"no node {node_id}: the cluster has nodes 1..{len(self.nodes)}")
+        return self.nodes[node_id - 1]
+
+    def start(self) -> str:
+        """Start every node and return the bootstrap list ("127.0.0.1:P1,127.0.0.1:P2,...").
+
+        The JVMs are launched together (a quorum needs a majority of voters before any
+        node answers metadata), then awaited one by one, from the calling thread: Linux's
+        parent-death signal follows the thread that forked, not the process.
+        """
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        libs = resolve_jars(self.version, quiet=self.quiet)
+        java = _find_java()
+        spawned = []
+        try:
+            for n in self.nodes:
+                n.state_dir.mkdir(parents=True, exist_ok=True)
+                spawned.append((n, n._spawn(java, libs)))
+            for n, launch in spawned:
+                n._await(*launch)
+                n.keep_data = True  # from now on a start is a restart with the same data
+        except BaseException:
+            for n, (proc, *_rest) in spawned:
+                LocalKafka._kill_proc(proc, timeout=5.0)
+                n._proc = n.pid = None
+            raise
+        self.bootstrap = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        self.wait_for_brokers(len(self.nodes), self.startup_timeout)
+        if self.warm_up and not warm_up_group_coordinator(self.bootstrap, timeout=30.0) and not self.quiet:
+            print("devkafka: group coordinator not warm yet", file=sys.stderr)
+        (self.state_dir / CLUSTER_FILE).write_text(json.dumps({
+            "bootstrap": self.bootstrap,
+            "version": self.version,
+            "nodes": [{"node_id": n.node_id, "dir": n.state_dir.name, "bootstrap": f"127.0.0.1:{n.port}",
+                       "controller": f"127.0.0.1:{n.controller_port}"} for n in self.nodes],
+            "voters": self.nodes[0].voters,
+            "cluster_id": self.nodes[0].cluster_id,
+        }, indent=2) + "\n")
+        (self.state_dir / BOOTSTRAP_FILE).write_text(self.bootstrap + "\n")
+        if not self.quiet:
+            print(f"devkafka: {len(self.nodes)} nodes ready at {self.bootstrap}", file=sys.stderr)
+        return self.bootstrap
+
+    def wait_for_brokers(self, count: int, timeout: float = 60.0) -> None:
+        """Block until the cluster's metadata lists ``count`` brokers."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        assert self.bootstrap
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _silent_logger(),
+                             "log_level": 0})
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(KafkaException):
+                seen = len(admin.list_topics(timeout=2).brokers)
+                if seen >= count:
+                    return
+            time.sleep(0.2)
+        raise DevKafkaError(f"the cluster lists {seen} brokers, not {count}, after {timeout:.0f} s")
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop every node (SIGTERM, then SIGKILL); remove a temporary state dir."""
+        try:
+            for n in self.nodes:
+                n.stop(timeout)
+        finally:
+            self.bootstrap = None
+            for name in (CLUSTER_FILE, BOOTSTRAP_FILE):
+                with contextlib.suppress(OSError):
+                    (self.state_dir / name).unlink()
+            if self._temp:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def stop_node(self, node_id: int, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM one node (a clean, controlled shutdown), keeping its data."""
+        self.node(node_id).stop(timeout)
+
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL one node, keeping its data."""
+        self.node(node_id).kill()
+
+    def start_node(self, node_id: int) -> None:
+        """Restart a stopped or killed node on its data, ports and id; wait until it answers."""
+        n = self.node(node_id)
+        n.keep_data = True
+        n.start()
+
+    def running_nodes(self) -> list[int]:
+        return [n.node_id for n in self.nodes if n.is_running()]
+
+    def quorum_leader(self) -> int | None:
+        """The node id leading the metadata quorum, as the running nodes last recorded it
+        (``quorum-state`` in their metadata log dir); None if none knows."""
+        best: tuple[int, int] | None = None
+        for n in self.nodes:
+            if not n.is_running():
+                continue
+            path = n.state_dir / DATA_SUBDIR / "__cluster_metadata-0" / "quorum-state"
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            leader, epoch = int(state.get("leaderId", -1)), int(state.get("leaderEpoch", -1))
+            if leader > 0 and (best is None or epoch > best[1]):
+                best = (leader, epoch)
+        return best[0] if best else None
+
+    def partition_leader(self, topic: str, partition: int = 0, timeout: float = 10.0) -> int | None:
+        """The broker id leading ``topic``/``partition`` now, or None (no leader, no topic)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        assert self.bootstrap
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _silent_logger(),
+                             "log_level": 0})
+        try:
+            md = admin.list_topics(topic=topic, timeout=timeout)
+        except KafkaException:
+            return None
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or partition not in t.partitions:
+            return None
+        leader = t.partitions[partition].leader
+        return leader if leader >= 0 else None
+
+
+def _distinct_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (held open together while picked, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def load_cluster(state_dir: Path) -> LocalKafkaCluster | None:
+    """The cluster that ``start --nodes N`` recorded in ``state_dir`` (for ``node`` commands
+    and ``stop``), or None when there is none."""
+    try:
+        info = json.loads((state_dir / CLUSTER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    cluster = LocalKafkaCluster.__new__(LocalKafkaCluster)
+    cluster._temp = False
+    cluster.state_dir = state_dir
+    cluster.version = info.get("version") or kafka_version()
+    cluster.startup_timeout = STARTUP_TIMEOUT_S
+    cluster.quiet = False
+    cluster.warm_up = True
+    cluster.bootstrap = info["bootstrap"]
+    cluster.nodes = []
+    for nd in info["nodes"]:
+        port = int(nd["bootstrap"].rsplit(":", 1)[1])
+        cport = int(nd["controller"].rsplit(":", 1)[1])
+        n = LocalKafka(state_dir / nd["dir"], port=port, controller_port=cport, node_id=int(nd["node_id"]),
+                       voters=info["voters"], cluster_id=info["cluster_id"], version=cluster.version,
+                       heap=os.environ.get("GRUDGE_KAFKA_HEAP", CLUSTER_HEAP), keep_data=True,
+                       die_with_parent=False, warm_up=False)
+        st = running_broker(n.state_dir)
+        if st:
+            n.pid, n.bootstrap = int(st["pid"]), st["bootstrap"]
+        cluster.nodes.append(n)
+    return cluster
 
 
 def stop_pid(pid: int, state_dir: Path, timeout: float = STOP_TIMEOUT_S) -> bool:
@@ -1056,6 +1371,7 @@ def _parser() -> argparse.ArgumentParser:
         ("stop", "stop the broker recorded in the state dir"),
         ("status", "print whether the broker runs, and its address"),
         ("jars", "resolve the broker jars (Maven) and print their folder"),
+        ("node", "stop, kill (SIGKILL) or restart one node of a cluster started with --nodes"),
     ):
         sp = sub.add_parser(name, help=help_)
         if name == "jars":
@@ -1066,9 +1382,17 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help="state dir (default: <cache>/run, cache = GRUDGE_KAFKA_CACHE or .cache/kafka)",
         )
+        if name == "node":
+            sp.add_argument("action", choices=("stop", "kill", "start"))
+            sp.add_argument("node_id", type=int, help="the node's id (1..N)")
         if name == "start":
             sp.add_argument(
                 "--port", type=int, default=None, help="client port (default: a free one)"
+            )
+            sp.add_argument(
+                "--nodes", type=int, default=1,
+                help="number of nodes; more than 1 starts a cluster (static KRaft voters, "
+                "3 replicas for internal topics, min.insync.replicas=2) and prints its bootstrap list",
             )
             sp.add_argument(
                 "--keep-data",
@@ -1143,6 +1467,29 @@ def main(argv: list[str] | None = None, stdout: IO[str] | None = None) -> int:
         if args.cmd == "jars":
             print(resolve_jars(), file=out)
             return 0
+        if args.cmd == "start" and args.nodes > 1:
+            if args.port or args.keep_data or args.sasl_ssl_keystore:
+                raise DevKafkaError("--nodes takes none of --port, --keep-data and the SASL_SSL options")
+            running = load_cluster(state_dir)
+            if running is not None and running.running_nodes():
+                raise DevKafkaError(f"a cluster already runs in {state_dir} ({running.bootstrap}); stop it first")
+            if running_broker(state_dir):
+                raise DevKafkaError(f"a single broker already runs in {state_dir}; stop it first")
+            for old in state_dir.glob("node-*"):
+                shutil.rmtree(old, ignore_errors=True)
+            cluster = LocalKafkaCluster(state_dir, nodes=args.nodes, startup_timeout=args.timeout,
+                                        die_with_parent=False)
+            print(cluster.start(), file=out)
+            return 0
+        if args.cmd == "node":
+            cluster = load_cluster(state_dir)
+            if cluster is None:
+                raise DevKafkaError(f"no cluster recorded in {state_dir} (start one with --nodes 3)")
+            {"stop": cluster.stop_node, "kill": cluster.kill_node, "start": cluster.start_node}[args.action](
+                args.node_id)
+            print(f"node {args.node_id}: {args.action} done; running nodes: {cluster.running_nodes()}",
+                  file=sys.stderr)
+            return 0
         if args.cmd == "start":
             kafka = LocalKafka(
                 state_dir,
@@ -1154,6 +1501,18 @@ def main(argv: list[str] | None = None, stdout: IO[str] | None = None) -> int:
             )
             print(kafka.start(), file=out)
             return 0
+        cluster = load_cluster(state_dir)
+        if args.cmd == "stop" and cluster is not None:
+            was = cluster.running_nodes()
+            cluster.stop()
+            print(f"stopped nodes {was} of the cluster in {state_dir}", file=sys.stderr)
+            return 0
+        if args.cmd == "status" and cluster is not None:
+            up = cluster.running_nodes()
+            print(f"{'running' if up else 'not running'} nodes={up}/{len(cluster.nodes)} "
+                  f"bootstrap={cluster.bootstrap} quorum_leader={cluster.quorum_leader()} dir={state_dir}",
+                  file=out)
+            return 0 if up else 3
         if args.cmd == "stop":
             if stop_dir(state_dir):
                 print(f"stopped broker in {state_dir}", file=sys.stderr)
