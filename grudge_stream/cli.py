@@ -452,6 +452,9 @@ def _score_line(ans: dict) -> str:
     for name in ("raised", "seen", "tokens_available", "partition", "watermark_ms", "next_offset"):
         if name in ans:
             parts.append(f"{name}={ans[name]}")
+    if isinstance(ans.get("watermark_ms"), int):
+        # Scores live in event time: a quiet partition's watermark stands still, and so do its bans.
+        parts.append(f"watermark_age={time.time() - ans['watermark_ms'] / 1000:.0f}s")
     parts.append(f"served_by={ans.get('served_by')}")
     return "  ".join(parts)
 
