@@ -202,6 +202,7 @@ class WorkerCore:
         self._last_failure_log = 0.0
         self._lag_checked = 0.0
         self.producer = None
+        self._admin_client = None
         self.transaction: Transaction | None = None
         txn_timeout_s = setting(settings, "transaction_timeout_s")
         if exactly_once:
@@ -446,16 +447,45 @@ class WorkerCore:
     # -- commits apart from snapshots ---------------------------------------------------------------
 
     def group_committed(self, partitions) -> dict[int, int]:
-        """The group's committed offsets of ``partitions``, those it has (blocking)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-        from confluent_kafka.admin import AdminClient
+        """The group's committed offsets of ``partitions``, those it has (blocking).
+
+        Asked on every assignment, so it meets the cluster at its worst (a coordinator that is
+        loading or moving, a broker bounced): transient answers are retried for up to
+        ``broker_wait_s``, then the last one is raised (one line, exit 2 from the CLI)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+
+        from grudge_stream.topics import transient
 
         if not partitions:
             return {}
-        admin = AdminClient(self.client_config)
         req = ConsumerGroupTopicPartitions(self.app_id, [TopicPartition(self.topic, p) for p in partitions])
-        res = admin.list_consumer_group_offsets([req], request_timeout=30)[self.app_id].result(30)
-        return {tp.partition: tp.offset for tp in res.topic_partitions if tp.error is None and tp.offset >= 0}
+        deadline = time.monotonic() + setting(self.settings, "broker_wait_s")
+        delay, warned = 0.25, 0.0
+        while True:
+            try:
+                res = self._admin().list_consumer_group_offsets([req], request_timeout=30)[self.app_id].result(30)
+                return {tp.partition: tp.offset for tp in res.topic_partitions
+                        if tp.error is None and tp.offset >= 0}
+            except (KafkaException, TimeoutError) as exc:
+                now = time.monotonic()
+                if not transient(exc) or now + delay > deadline:
+                    raise
+                if now - warned >= 15:
+                    self.log.warning("the group's committed offsets of %s%s: %s; retrying for up to %.0f s "
+                                     "(broker_wait_s)", self.topic, sorted(partitions), exc,
+                                     deadline - now)
+                    warned = now
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _admin(self):
+        """One admin client of the worker's, made on first use (never the consumer's: it must
+        not be called inside its own rebalance callback)."""
+        if self._admin_client is None:
+            from confluent_kafka.admin import AdminClient
+
+            self._admin_client = AdminClient({"log_level": 3, **self.client_config})
+        return self._admin_client
 
     def restart_point(self, partition: int, outcome: RestoreOutcome, committed: int | None) -> RestoreOutcome:
         """A restored partition whose group committed offsets but kept no snapshot (they are

@@ -119,3 +119,68 @@ def test_the_restore_budget_report_names_the_partitions_past_it() -> None:
     assert core.budget_exceeded(report) == [], "2 s is within 1.5x a 2 s budget"
     core.slots[0].unsnapshotted = 3500
     assert core.budget_exceeded(core.replay_report()) == [0]
+
+
+class _Future:
+    def __init__(self, answer) -> None:
+        self.answer = answer
+
+    def result(self, timeout=None):
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+class _Admin:
+    """Answers list_consumer_group_offsets from a script: an exception or a result per call."""
+
+    def __init__(self, answers) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def list_consumer_group_offsets(self, requests, request_timeout=None):
+        self.calls += 1
+        return {requests[0].group_id: _Future(self.answers.pop(0))}
+
+
+def _core_like(admin, wait_s: float):
+    import logging
+    import types
+
+    from grudge_stream.runtime.core import WorkerCore
+
+    fake = types.SimpleNamespace(app_id="app", topic="events", log=logging.getLogger("test"),
+                                 settings=Settings({"broker_wait_s": wait_s}), _admin=lambda: admin)
+    return lambda partitions: WorkerCore.group_committed(fake, partitions)
+
+
+def _result(offsets: dict[int, int]):
+    import types
+
+    from confluent_kafka import TopicPartition
+
+    return types.SimpleNamespace(topic_partitions=[TopicPartition("events", p, o) for p, o in offsets.items()])
+
+
+def test_group_committed_retries_a_loading_coordinator_then_answers() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    loading = KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS))
+    admin = _Admin([loading, TimeoutError(), _result({0: 17, 1: -1001})])
+    assert _core_like(admin, 30.0)([0, 1]) == {0: 17}  # partition 1 has no committed offset
+    assert admin.calls == 3
+
+
+def test_group_committed_gives_up_after_broker_wait_s_and_at_once_on_a_refusal() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    down = KafkaException(KafkaError(KafkaError._TRANSPORT))
+    admin = _Admin([down] * 50)
+    with pytest.raises(KafkaException):
+        _core_like(admin, 0.6)([0])
+    assert 2 <= admin.calls <= 4  # retried with backoff, within broker_wait_s
+    refused = KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
+    admin = _Admin([refused, _result({0: 1})])
+    with pytest.raises(KafkaException):
+        _core_like(admin, 30.0)([0])
+    assert admin.calls == 1
