@@ -88,74 +88,21 @@ def _tune_gc() -> None:
     gc.set_threshold(*WORKER_GC_THRESHOLDS)
 
 
-def _check_web_port(host: str, port: int) -> None:
-    """The worker's web port is free (a second worker on one machine without --web-port
-    would die on it later with a traceback): one line instead."""
-    import socket
-
-    if not port:
-        return  # 0: any free port
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise ConfigError(f"web_host {host!r}: {exc}") from None
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(addr)
-        except OSError as exc:
-            raise ConfigError(f"web port {host}:{port} is not free ({exc.strerror}): another worker on this "
-                              "machine? Give each worker its own --web-port (or --set web_port=...)") from None
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
-    from grudge_stream.topics import check_group_runtime, ensure_topology_topics, wait_for_cluster
-
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
     runtime = args.runtime or setting(settings, "runtime")
-    if runtime == "faust" and setting(settings, "exactly_once"):
-        raise ConfigError(
-            "exactly_once needs the batch runtime (--runtime batch): a transaction must commit the "
-            "source offsets with the consuming client's group metadata, and the Faust runtime consumes "
-            "with aiokafka while outputs and snapshots go through confluent-kafka (docs/runtime.md)")
-    if runtime == "faust":
-        from grudge_stream.kafkaconf import faust_options
-
-        faust_options(settings)  # refuses, before connecting, security aiokafka cannot apply
-        from grudge_stream.statedir import app_state_dir
-
-        app_state_dir(settings, topology.app_id, temporary_fallback=True)  # Faust's data directory
-    if runtime == "batch" or setting(settings, "web_enabled"):
-        _check_web_port(setting(settings, "web_host"), setting(settings, "web_port"))
-    conf = _connect(settings)
-    wait_s = setting(settings, "broker_wait_s")
-    if not args.no_create_topics:
-        # A cluster that answers metadata may still be electing leaders or creating internal
-        # topics: the checks below retry until broker_wait_s, then exit with one line.
-        wait_for_cluster("creating the topology's topics", lambda: ensure_topology_topics(
-            topology, settings.bootstrap_servers, partitions=args.partitions, create_source=args.create_source,
-            timestamp_bounds=True, client_config=conf,
-            replication_factor=setting(settings, "replication_factor")), wait_s, settings.bootstrap_servers)
-    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf, wait_s=wait_s)
-    from grudge_stream.deployments import check_own_topics
-
-    check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # one deployment's topics
-    from grudge_stream.overrides import start_override_follower
-    from grudge_stream.signing import SigningKeys
-
-    start_override_follower(topology, settings.bootstrap_servers, conf,  # before any partition is restored
-                            signing=SigningKeys.from_settings(settings))
+    # The start-up rules (refusals, topics, the overrides follower) run inside the runtime's own
+    # entry point (grudge_stream.runtime.start), so a worker started as a library keeps them.
+    start = dict(create_topics=not args.no_create_topics, partitions=args.partitions,
+                 create_source=args.create_source)
     if runtime == "batch":
         from grudge_stream.runtime.batch import run_batch_worker
 
         logging.getLogger().setLevel(args.loglevel.upper())
         _freeze_heap()
         _tune_gc()
-        return run_batch_worker(topology, settings)
-    if runtime != "faust":
-        raise SystemExit(f"--runtime must be faust or batch, not {runtime!r}")
+        return run_batch_worker(topology, settings, **start)
     import faust
 
     from grudge_stream.runtime.faust import build_app
@@ -169,13 +116,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from grudge_stream.repartition import start_stage
 
-    app = build_app(topology, settings)
+    app = build_app(topology, settings, **start)
     worker = Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
     _tune_gc()
     runtime = app.grudge_runtime  # type: ignore[attr-defined]
     # A topology keyed by a field: its repartition stage (a thread with its own clients).
     stage = start_stage(topology, settings, metrics=runtime.metrics, liveness=runtime.liveness,
-                        client_config=conf)
+                        client_config=runtime.client_config)
     try:
         worker.execute_from_commandline()
     finally:

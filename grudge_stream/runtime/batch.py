@@ -543,9 +543,18 @@ class _WebServer(ThreadingHTTPServer):
         log.debug("web connection from %s ended: %s", client_address[0], sys.exc_info()[1])
 
 
-def run_batch_worker(topology: Topology, settings: Settings) -> int:
-    from grudge_stream.repartition import start_stage
+def run_batch_worker(topology: Topology, settings: Settings, *, create_topics: bool = True,
+                     partitions: int | None = None, create_source: bool = False) -> int:
+    """Run ``topology`` on the batch runtime until SIGTERM/SIGINT; the exit status.
 
+    The start-up rules come first (``grudge_stream.runtime.start``): the refusals, the topics
+    (``create_topics``; ``partitions`` and ``create_source`` as in ``grudge-stream topics``)
+    and the overrides follower. A refusal raises ``ConfigError`` before anything is written."""
+    from grudge_stream.repartition import start_stage
+    from grudge_stream.runtime.start import start_checks
+
+    start_checks(topology, settings, "batch", create_topics=create_topics, partitions=partitions,
+                 create_source=create_source)
     worker = BatchWorker(topology, settings)
     # A topology keyed by a field: its repartition stage feeds the topic the worker reads.
     stage = start_stage(topology, settings, metrics=worker.metrics, liveness=worker.liveness,

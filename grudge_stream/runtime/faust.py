@@ -426,9 +426,19 @@ class FaustRuntime(WorkerCore):
             log.info("final snapshots written for partitions %s", sorted(self.slots))
 
 
-def build_app(topology: Topology, settings: Settings | None = None, **faust_options: Any) -> faust.App:
-    """A Faust app running ``topology``; start it with ``faust.Worker(app).execute_from_commandline()``."""
+def build_app(topology: Topology, settings: Settings | None = None, *, create_topics: bool = True,
+              partitions: int | None = None, create_source: bool = False, **faust_options: Any) -> faust.App:
+    """A Faust app running ``topology``; start it with ``faust.Worker(app).execute_from_commandline()``.
+
+    The start-up rules come first (``grudge_stream.runtime.start``), as for ``grudge-stream
+    worker``: the refusals (exactly_once, security aiokafka cannot apply, the web port, the
+    group's runtime, another deployment's topics), the topics (``create_topics``; ``partitions``
+    and ``create_source`` as in ``grudge-stream topics``) and the overrides follower."""
+    from grudge_stream.runtime.start import start_checks
+
     settings = settings or Settings()
+    start_checks(topology, settings, "faust", create_topics=create_topics, partitions=partitions,
+                 create_source=create_source)
     replication = setting(settings, "replication_factor")
     if replication == -1:
         # The broker's default, asked here: Faust's topic creation cannot send -1.
