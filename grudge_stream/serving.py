@@ -584,22 +584,29 @@ class ScoreQueries:
             forward = False  # forwarded once already: never again
         return keys, forward, path.rstrip("/") == "/v1/score" and len(keys) == 1
 
-    def prepare(self, method: str, path: str, query: str, body: bytes, headers: Any,
-                peer: str = "") -> tuple[list[bytes], bool, bool] | tuple[int, dict, dict]:
-        """``parse_request`` behind the access rules: a 401 / 403 before the body is looked
-        at, a 429 past the client's budget (one unit per key)."""
-        client = f"addr:{peer}"
-        if self.access is not None:
-            client, refusal = self.access.authorize(headers, peer)
+    def admit(self, headers: Any, peer: str = "") -> tuple[str, None] | tuple[None, tuple[int, dict, dict]]:
+        """``(client, None)``, or ``(None, answer)``: a 401 / 403 from the headers alone, before
+        a request body is read (an unauthenticated caller never gets a worker to read 1 MB)."""
+        if self.access is None:
+            return f"addr:{peer}", None
+        return self.access.authorize(headers, peer)
+
+    def prepare(self, method: str, path: str, query: str, body: bytes | Callable[[], bytes], headers: Any,
+                peer: str = "", client: str | None = None) -> tuple[list[bytes], bool, bool] | tuple[int, dict, dict]:
+        """``parse_request`` behind the access rules: a 401 / 403 before the body is read
+        (``body`` may be a function that reads it; ``client``: already ``admit``-ted), a 429
+        past the client's budget (one unit per key)."""
+        if client is None:
+            client, refusal = self.admit(headers, peer)
             if refusal is not None:
                 return refusal
-        parsed = self.parse_request(method, path, query, body, headers)
+        parsed = self.parse_request(method, path, query, body() if callable(body) else body, headers)
         if isinstance(parsed[0], int) or self.access is None:
             return parsed
         refusal = self.access.charge(client, len(parsed[0]), bool(headers.get(FORWARDED_HEADER)))
         return refusal if refusal is not None else parsed
 
-    def handle(self, method: str, path: str, query: str, body: bytes, headers: Any,
+    def handle(self, method: str, path: str, query: str, body: bytes | Callable[[], bytes], headers: Any,
                peer: str = "") -> tuple[int, dict, dict]:
         """One request, blocking (the batch runtime's HTTP threads): ``(status, body, headers)``."""
         parsed = self.prepare(method, path, query, body, headers, peer)

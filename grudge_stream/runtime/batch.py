@@ -489,12 +489,20 @@ class BatchWorker(WorkerCore):
 
             def do_POST(self) -> None:  # noqa: N802
                 if self.path.startswith("/v1/scores"):
-                    length = int(self.headers.get("Content-Length") or 0)
-                    self._score(self.rfile.read(min(length, 1 << 20)))
+                    try:
+                        length = int(self.headers.get("Content-Length") or 0)
+                    except ValueError:
+                        length = -1
+                    if length < 0:
+                        self._send(400, b'{"error": "bad_request", "message": "bad Content-Length"}',
+                                   "application/json")
+                        return
+                    # Read only once the token is checked (serving.ScoreQueries.prepare).
+                    self._score(lambda: self.rfile.read(min(length, 1 << 20)))
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
-            def _score(self, body: bytes) -> None:
+            def _score(self, body) -> None:
                 path, _, query = self.path.partition("?")
                 status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers,
                                                              self.client_address[0])

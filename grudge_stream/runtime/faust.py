@@ -526,10 +526,12 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     async def score_query(web, request):
         """Live score queries (grudge_stream.serving): local reads here, on the loop, between
         batches; forwards from an executor thread."""
-        body = await request.read() if request.method == "POST" else b""
         queries = runtime.queries
-        parsed = queries.prepare(request.method, request.path, request.query_string, body, request.headers,
-                                 getattr(request, "remote", None) or "")
+        client, parsed = queries.admit(request.headers, getattr(request, "remote", None) or "")
+        if client is not None:  # the body is read only once the token is checked
+            body = await request.read() if request.method == "POST" else b""
+            parsed = queries.prepare(request.method, request.path, request.query_string, body, request.headers,
+                                     client=client)
         if isinstance(parsed[0], int):
             status, doc, headers = parsed
         else:

@@ -205,6 +205,12 @@ def test_tokens_forwarding_rotation_budget_and_no_leaks(harness, runtime, tmp_pa
     reply = raw(port, "GET /v1/score?key=a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ééééééééééééééééé"
                       "\r\nConnection: close\r\n\r\n".encode("utf-8"))
     assert reply.split(b"\r\n")[0].split(b" ")[1] in (b"400", b"403")
+    # A POST announcing 1 MB it never sends: refused at once from the headers, never waited for.
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /v1/scores HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000000\r\nConnection: close\r\n\r\n[")
+        first = s.recv(65536)  # a server reading the body first would time out here
+    assert first.split(b"\r\n")[0].split(b" ")[1] == b"401", first[:200]
     end_before = sum(h.end_offsets().values())
     produce_murmur2(h, h.make_events(500, seed=6, abusers=2, users=50))
     assert get(port, "/live")[0] == 200

@@ -108,3 +108,18 @@ def test_the_bind_check(tmp_path, caplog) -> None:
     assert "insecure_open_queries" in caplog.text
     q, _ = _queries(tmp_path, web_host="0.0.0.0")
     assert q.access.tokens is not None
+
+
+def test_a_refused_request_body_is_never_read(tmp_path) -> None:
+    q, _ = _queries(tmp_path)
+    reads = []
+
+    def body() -> bytes:
+        reads.append(1)
+        return b'["a"]'
+
+    assert q.prepare("POST", "/v1/scores", "", body, {}, "p")[0] == 401
+    assert q.prepare("POST", "/v1/scores", "", body, {"Authorization": "Bearer " + "c" * 32}, "p")[0] == 403
+    assert reads == []
+    ok = {"Authorization": "Bearer " + "b" * 32}
+    assert q.prepare("POST", "/v1/scores", "", body, ok, "p") == ([b"a"], True, False) and reads == [1]
