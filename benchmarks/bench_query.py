@@ -19,7 +19,13 @@ asks worker A, one request at a time:
 
 and prints p50 / p99 / max latency per phase and kind (plus a JSON line).
 
+With ``--baseline-python`` (a previous release's interpreter, e.g. a venv with it installed),
+two workers of that release then answer the same queries on the same backlog (in a group of
+their own, with only the settings it knows: no tokens before 0.2), and both are printed in
+one table.
+
 Run: .venv/bin/python benchmarks/bench_query.py [--events 1000000] [--keys 100000] [--queries 200]
+     [--baseline-python <previous venv>/bin/python]
      .venv/bin/python benchmarks/bench_query.py --in-process-only
 Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_devkafka start`) unless --in-process-only.
 """
@@ -133,7 +139,16 @@ def events_total(port: int) -> float:
     return sum(float(x) for x in re.findall(r'^grudge_events_total\{[^}]*\} ([0-9.e+]+)$', body, re.M))
 
 
-def start_worker(bs: str, topic: str, run: str, workdir: str, i: int) -> tuple[subprocess.Popen, int]:
+def known_settings(python: str) -> set[str]:
+    """The abuse_scores settings the grudge-stream installed for ``python`` knows."""
+    out = subprocess.run([python, "-m", "grudge_stream.cli", "describe", "abuse_scores", "--json"],
+                         capture_output=True, check=True, cwd="/", env={k: v for k, v in os.environ.items()
+                                                                       if not k.startswith("GRUDGE_")})
+    return {r["name"] for r in json.loads(out.stdout)["settings"]}
+
+
+def start_worker(bs: str, topic: str, run: str, workdir: str, i: int,
+                 python: str = sys.executable) -> tuple[subprocess.Popen, int]:
     port = free_port()
     tokens = os.path.join(workdir, "tokens")
     with open(tokens, "w") as f:
@@ -142,8 +157,11 @@ def start_worker(bs: str, topic: str, run: str, workdir: str, i: int) -> tuple[s
             "alerts_topic": f"bq-{run}-alerts", "scores_topic": f"bq-{run}-scores",
             "dead_letter_topic": f"bq-{run}-dlq", "snapshot_topic": f"bq-{run}-snap", "seed": BENCH_KEY,
             "checkpoint_interval_s": "5", "query_token_file": tokens, "query_rate_per_s": "0"}
+    if python != sys.executable:  # a previous release: only the settings it knows (no tokens before 0.2)
+        known = known_settings(python)
+        sets = {k: v for k, v in sets.items() if k in known or k in ("seed", "app_name")}
     # This interpreter and its sys.path (PYTHONPATH=. runs the working tree's code).
-    cmd = [sys.executable, "-m", "grudge_stream.cli", "worker", "abuse_scores", "--bootstrap-servers", bs,
+    cmd = [python, "-m", "grudge_stream.cli", "worker", "abuse_scores", "--bootstrap-servers", bs,
            "--web-port", str(port), "--runtime", "batch", "--loglevel", "warning"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -188,30 +206,12 @@ def measure(port: int, local: list[bytes], forwarded: list[bytes], n: int,
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--keys", type=int, default=100_000)
-    ap.add_argument("--queries", type=int, default=200, help="single-key queries of each kind per phase")
-    ap.add_argument("--inproc-events", type=int, default=200_000)
-    ap.add_argument("--inproc-keys", type=int, default=5_000)
-    ap.add_argument("--in-process-only", action="store_true")
-    args = ap.parse_args()
-    inproc = in_process(args.inproc_events, args.inproc_keys)
-    if args.in_process_only:
-        emit(inproc)
-        return
-    bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not bs:
-        sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_devkafka start)")
-    run = uuid.uuid4().hex[:8]
-    topic = f"bench-query-{run}"
-    t0 = time.time()
-    # bench_batch.py's traffic, each client on its murmur2 partition (a Java producer's choice).
-    names = produce(bs, topic, args.events, args.keys, partition_of=lambda k: partition_for(k, PARTS, "murmur2"))
-    print(f"produced {args.events:,} events over {args.keys:,} keys in {time.time() - t0:.1f}s", flush=True)
+def http_phases(bs: str, topic: str, run: str, names: list[bytes], python: str,
+                args: argparse.Namespace) -> tuple[dict, float, bool]:
+    """Two workers of ``python``'s grudge-stream (a group of their own) on the backlog of
+    ``topic``: the queries while they chew through it, then once they caught up."""
     workdir = tempfile.mkdtemp(prefix="bench-query-")
-    procs = [start_worker(bs, topic, run, workdir, i) for i in range(2)]
+    procs = [start_worker(bs, topic, run, workdir, i, python) for i in range(2)]
     try:
         ports = [port for _, port in procs]
         deadline = time.monotonic() + 120
@@ -247,21 +247,54 @@ def main() -> None:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    print(f"\nload phase: the two workers processed {load_rate:,.0f} events/s while queried"
-          + (" (they caught up during it: a lower bound)" if caught_up else "")
-          + f" (load avg {os.getloadavg()[0]:.2f})")
-    print(f"\n{'phase':6s} {'kind':10s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'errors':>7s}")
-    summary: dict = {"events": args.events, "keys": args.keys, "partitions": PARTS, "load_events_per_s": load_rate,
-                     **inproc}
-    for phase, res in phases.items():
-        for kind in ("local", "forwarded", "1000 keys"):
-            xs = res[kind]
-            print(f"{phase:6s} {kind:10s} {len(xs):>5d} {pct(xs, 50):>8.2f} {pct(xs, 99):>8.2f} "
-                  f"{max(xs, default=float('nan')):>8.2f} {len(res['errors']):>7d}")
-            tag = kind.replace(" ", "_")
-            summary[f"{phase}_{tag}_p50_ms"] = pct(xs, 50)
-            summary[f"{phase}_{tag}_p99_ms"] = pct(xs, 99)
-        summary[f"{phase}_errors"] = len(res["errors"])
+    return phases, load_rate, caught_up
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=200, help="single-key queries of each kind per phase")
+    ap.add_argument("--inproc-events", type=int, default=200_000)
+    ap.add_argument("--inproc-keys", type=int, default=5_000)
+    ap.add_argument("--in-process-only", action="store_true")
+    ap.add_argument("--baseline-python", default=None,
+                    help="a previous release's interpreter: its two workers answer the same queries on the "
+                         "same backlog after this release's, for a side-by-side table")
+    args = ap.parse_args()
+    inproc = in_process(args.inproc_events, args.inproc_keys)
+    if args.in_process_only:
+        emit(inproc)
+        return
+    bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bs:
+        sys.exit("set KAFKA_BOOTSTRAP_SERVERS (python -m grudge_devkafka start)")
+    run = uuid.uuid4().hex[:8]
+    topic = f"bench-query-{run}"
+    t0 = time.time()
+    # bench_batch.py's traffic, each client on its murmur2 partition (a Java producer's choice).
+    names = produce(bs, topic, args.events, args.keys, partition_of=lambda k: partition_for(k, PARTS, "murmur2"))
+    print(f"produced {args.events:,} events over {args.keys:,} keys in {time.time() - t0:.1f}s", flush=True)
+    releases = [("this", sys.executable)] + ([("previous", args.baseline_python)] if args.baseline_python else [])
+    results = {name: http_phases(bs, topic, f"{run}-{name}", names, python, args) for name, python in releases}
+    print(f"\n{'release':8s} {'phase':6s} {'kind':10s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
+          f"{'errors':>7s}   (load: events/s the two workers processed while queried)")
+    summary: dict = {"events": args.events, "keys": args.keys, "partitions": PARTS, **inproc}
+    for name, (phases, load_rate, caught_up) in results.items():
+        prefix = "" if name == "this" else "previous_"
+        summary[f"{prefix}load_events_per_s"] = load_rate
+        for phase, res in phases.items():
+            for kind in ("local", "forwarded", "1000 keys"):
+                xs = res[kind]
+                note = (f"   load {load_rate:,.0f} ev/s" + (" (caught up: a lower bound)" if caught_up else "")
+                        if phase == "load" and kind == "local" else "")
+                print(f"{name:8s} {phase:6s} {kind:10s} {len(xs):>5d} {pct(xs, 50):>8.2f} {pct(xs, 99):>8.2f} "
+                      f"{max(xs, default=float('nan')):>8.2f} {len(res['errors']):>7d}{note}")
+                tag = kind.replace(" ", "_")
+                summary[f"{prefix}{phase}_{tag}_p50_ms"] = pct(xs, 50)
+                summary[f"{prefix}{phase}_{tag}_p99_ms"] = pct(xs, 99)
+            summary[f"{prefix}{phase}_errors"] = len(res["errors"])
+    print(f"(load avg {os.getloadavg()[0]:.2f})")
     emit(summary)
 
 
