@@ -41,7 +41,17 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
-__version__ = "0.1.0"
+def _installed_version() -> str:
+    """The one version source is the package metadata (``pyproject.toml``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grudge-stream")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "CheckpointError",

@@ -20,12 +20,9 @@ from grudge_stream.topology import Settings, load_topology
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from grudge_stream import __version__
 
-    try:
-        return version("grudge-stream")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return __version__
 
 
 def _settings(args: argparse.Namespace) -> Settings:

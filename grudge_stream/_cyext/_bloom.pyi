@@ -77,3 +77,6 @@ class ForgettingBloom:
     def to_bytes(self) -> bytes: ...
     @classmethod
     def from_bytes(cls, data: Any, *, clock: Clock | None = None) -> ForgettingBloom: ...
+
+FORMAT: int  # the snapshot format version this kernel writes
+KIND_FORGETTING_BLOOM: int  # the snapshot kind tag

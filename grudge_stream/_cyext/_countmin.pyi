@@ -69,3 +69,9 @@ class DecayingCountMin:
     def _candidates(self) -> list[tuple[int, int, Any]]: ...
     def _decayed_cells(self) -> npt.NDArray[np.int64]: ...
     def _raw_cells(self) -> npt.NDArray[np.uint32]: ...
+
+KIND_COUNT_MIN: int  # the snapshot kind tag
+U64_MAX: int
+
+class CandidateSet:
+    """The top-k candidate set of a DecayingCountMin (no Python-level API)."""

@@ -122,3 +122,6 @@ class Rotator(_ScoreKernel):
     @classmethod
     def from_bytes(cls, data: Any, *, clock: Any = ...) -> "Rotator": ...
     def _cells(self) -> np.ndarray: ...
+
+class BatchArgs:
+    """A batch call's validated arguments (internal: no Python-level API)."""
