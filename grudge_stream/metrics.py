@@ -25,6 +25,9 @@ class Metrics:
         lbl = ["operator", "partition"]
         self.events = Counter("grudge_events_total", "Valid events applied to a sketch", lbl, registry=r)
         self.dead_letters = Counter("grudge_dead_letters_total", "Records sent to the dead-letter topic", lbl, registry=r)
+        self.dead_letter_reasons = Counter("grudge_dead_letters_by_reason_total",
+                                           "Records sent to the dead-letter topic, by reason class (late, future, "
+                                           "time, key, value, other)", ["operator", "reason"], registry=r)
         self.future_clamped = Counter("grudge_future_clamped_total",
                                       "Events stamped beyond max_future_ms ahead of processing time, clamped to it",
                                       lbl, registry=r)
@@ -79,6 +82,12 @@ class Metrics:
                                            lbl + ["sketch"], registry=r)
         self.sketch_memory = Gauge("grudge_sketch_memory_bytes", "Fixed memory of a partition's sketches", lbl, registry=r)
         self.assigned = Gauge("grudge_assigned_partitions", "Source partitions assigned to this worker", registry=r)
+        self.queries = Counter("grudge_queries_total", "Score query requests (/v1/score, /v1/scores) answered, "
+                               "by HTTP status (refusals included)", ["status"], registry=r)
+        self.query_seconds = Histogram("grudge_query_duration_seconds", "Time to answer a score query request, "
+                                       "forwards to other workers included", buckets=(
+                                           0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+                                       registry=r)
         self.query_refused = Counter("grudge_query_refused_total",
                                      "Score queries refused: no token (unauthenticated), a wrong one (forbidden), "
                                      "past the client's budget (budget)", ["reason"], registry=r)
@@ -93,6 +102,10 @@ class Metrics:
                                               "computes (score answers for them read the wrong partition)",
                                               ["partition"], registry=r)
         self.restored = Gauge("grudge_restored_partitions", "Assigned partitions whose state is restored", registry=r)
+
+    def query_answered(self, status: int, seconds: float) -> None:
+        self.queries.labels(str(status)).inc()
+        self.query_seconds.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

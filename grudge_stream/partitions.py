@@ -238,6 +238,10 @@ class PartitionSlot:
             d = c.get(name, 0) - seen.get(name, 0)
             if d:
                 self._child(counter).inc(d)
+        if c.get("dead_letters", 0) != seen.get("dead_letters", 0):
+            for name, n in c.items():
+                if name.startswith("dead_letters:") and n != seen.get(name, 0):
+                    m.dead_letter_reasons.labels(self._labels[0], name[13:]).inc(n - seen.get(name, 0))
         for state in ("raised", "cleared"):
             d = c.get("alerts_" + state, 0) - seen.get("alerts_" + state, 0)
             if d:

@@ -115,6 +115,28 @@ def dead_letter_record(operator_id: str, reason: str, source: dict | None, key: 
     return head._replace(key=kf, value=vf).output(rkey)
 
 
+
+# The classes of grudge_dead_letters_by_reason_total (a dead letter's own reason is free text).
+REASON_CLASSES = ("late", "future", "time", "key", "value", "other")
+
+
+def reason_class(reason: str) -> str:
+    """A dead letter's reason, as one of ``REASON_CLASSES``: ``late`` / ``future`` (event time
+    out of bounds), ``time`` (a bad time field), ``key`` (missing, empty or too long), ``value``
+    (an unreadable payload or value field), ``other``."""
+    r = reason.lower()
+    if "behind the" in r:
+        return "late"
+    if "ahead of processing" in r:
+        return "future"
+    if "time field" in r or "timestamp" in r:
+        return "time"
+    if "key" in r:
+        return "key"
+    if "value" in r or "json" in r or "field" in r or "outcome" in r or "utf-8" in r:
+        return "value"
+    return "other"
+
 class Operator(abc.ABC):
     """Base class of every grudge-stream operator (one instance per source partition)."""
 
@@ -405,6 +427,8 @@ class Operator(abc.ABC):
 
     def dead_letter(self, rec: SourceRecord, reason: str) -> OutputRecord:
         self.counters["dead_letters"] += 1
+        cls = "dead_letters:" + reason_class(reason)
+        self.counters[cls] = self.counters.get(cls, 0) + 1
         return dead_letter_record(
             self.operator_id, reason,
             {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,

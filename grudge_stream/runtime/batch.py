@@ -503,10 +503,12 @@ class BatchWorker(WorkerCore):
                     self._send(404, b"not found\n", "text/plain")
 
             def _score(self, body) -> None:
+                t0 = time.perf_counter()
                 path, _, query = self.path.partition("?")
                 status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers,
                                                              self.client_address[0])
                 self._send(status, json.dumps(doc).encode(), "application/json", headers)
+                worker.metrics.query_answered(status, time.perf_counter() - t0)
 
             def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None) -> None:
                 self.send_response(status)

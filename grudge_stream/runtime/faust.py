@@ -526,6 +526,7 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     async def score_query(web, request):
         """Live score queries (grudge_stream.serving): local reads here, on the loop, between
         batches; forwards from an executor thread."""
+        t0 = time.perf_counter()
         queries = runtime.queries
         client, parsed = queries.admit(request.headers, getattr(request, "remote", None) or "")
         if client is not None:  # the body is read only once the token is checked
@@ -546,7 +547,9 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
             fwd = (await asyncio.get_running_loop().run_in_executor(None, queries.remote_part, keys, remote)
                    if remote else {})
             status, doc, headers = queries.combine(results, fwd, single)
-        return web.json(doc, status=status, headers=headers or None)
+        response = web.json(doc, status=status, headers=headers or None)
+        runtime.metrics.query_answered(status, time.perf_counter() - t0)
+        return response
 
     class ScoreView(View):
         async def get(self, request):

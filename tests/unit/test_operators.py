@@ -367,3 +367,23 @@ def test_dedup_operator_window_holds_at_capacity_and_overload_goes_the_chosen_wa
     plain = DedupOperator(operator_id="dd", source_topic=TOPIC, partition=0,
                           bloom={"capacity": 300, "fp_rate": 1e-4, "period_ms": 10_000, "seed": 5})
     assert (plain.fingerprint == clone.fingerprint) == (overload == "shrink_window")
+
+
+def test_dead_letter_reasons_fall_into_few_classes() -> None:
+    from grudge_stream.operators.base import REASON_CLASSES, reason_class
+
+    cases = {
+        "event time 5 is 9000 ms behind the partition's watermark 9005 (limit max_late_ms=100)": "late",
+        "event time 99 is 50 ms ahead of processing time (limit max_future_ms=10)": "future",
+        "missing time field 'ts'": "time",
+        "time field 'ts' must be a number of ms, got str": "time",
+        "missing key field 'user'": "key",
+        "key is 300 bytes, more than max_key_bytes=256": "key",
+        "value field 'outcome' must be an outcome string": "value",
+        "the record is not JSON": "value",
+        "raw record has neither key nor value": "key",
+        "something else entirely": "other",
+    }
+    for reason, cls in cases.items():
+        assert reason_class(reason) == cls, reason
+    assert set(cases.values()) == set(REASON_CLASSES)
