@@ -8,10 +8,10 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean
+.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests
 
 help:
-	@echo "make test          install the package with its test extras into $(VENV), start a local Kafka broker, run pytest"
+	@echo "make test          install the package with its test extras into $(VENV) and the pinned deploy tools, start a local Kafka broker, run pytest"
 	@echo "make demo          local broker + abuse-score worker + traffic; prints the alerts as they arrive"
 	@echo "make example       the example gateway (examples/gateway): a client blocked, forgiven, denied by hand"
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
@@ -19,6 +19,8 @@ help:
 	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
 	@echo "make bench-kafka   runtime benchmarks against a local broker (Faust, batch runtime, checkpoints, latency)"
 	@echo "make bench-peers   the abuse_scores job beside Kafka Streams, Quix Streams and a Faust Table (PEERS_ARGS=...)"
+	@echo "make deploy-check  the Helm chart (lint, render, schemas), the alert rules (promtool) and the dashboard, with pinned tools"
+	@echo "make manifests     regenerate deploy/kubernetes/ from the Helm chart"
 	@echo "make broker-start  start the local single-node KRaft broker (tools/devkafka; jars fetched with Maven on first use)"
 	@echo "make broker-stop   stop it"
 
@@ -46,7 +48,7 @@ $(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
 
 # pytest's session fixture starts and stops the broker (KAFKA_BOOTSTRAP_SERVERS, testcontainers
 # or the local jars, in that order); fetching the jars first keeps the download out of test time.
-test: install
+test: install deploy-tools
 	$(RUN_INSTALLED) grudge_devkafka jars
 	$(BIN)/pytest
 
@@ -99,6 +101,50 @@ broker-stop:
 
 broker-status:
 	$(RUN_INSTALLED) grudge_devkafka status
+
+# Deploy tools, pinned, under .cache/tools (git-ignored): helm built from its Go module, the
+# CRD schemas of the Prometheus Operator and KEDA from theirs, promtool from Debian's
+# prometheus package (extracted, never installed: no daemon).
+GO             ?= $(shell command -v go || echo /usr/local/go/bin/go)
+TOOLS          := $(CURDIR)/.cache/tools
+HELM_VERSION   := v4.3.2
+PROMOP_MODULE  := github.com/prometheus-operator/prometheus-operator@v0.86.1
+KEDA_MODULE    := github.com/kedacore/keda/v2@v2.18.0
+HELM           := $(TOOLS)/helm
+PROMTOOL       := $(TOOLS)/promtool
+CRDS           := $(TOOLS)/crds
+export HELM PROMTOOL CRDS
+
+$(HELM):
+	@echo "==> building helm $(HELM_VERSION) from its Go module (a minute or two, once)"
+	GOBIN=$(TOOLS) $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+
+$(PROMTOOL):
+	@echo "==> promtool from Debian's prometheus package (extracted into $(TOOLS), not installed)"
+	@mkdir -p $(TOOLS)/deb
+	cd $(TOOLS)/deb && (apt-get download prometheus 2>/dev/null || (apt-get update -qq && apt-get download prometheus))
+	dpkg-deb -x $$(ls -t $(TOOLS)/deb/prometheus_*.deb | head -1) $(TOOLS)/deb/root
+	cp $(TOOLS)/deb/root/usr/bin/promtool $@
+
+$(CRDS)/.stamp:
+	@mkdir -p $(CRDS)
+	d=$$($(GO) mod download -json $(PROMOP_MODULE) | sed -n 's/.*"Dir": "\(.*\)",/\1/p') && \
+	  cp $$d/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml \
+	     $$d/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml $(CRDS)/
+	d=$$($(GO) mod download -json $(KEDA_MODULE) | sed -n 's/.*"Dir": "\(.*\)",/\1/p') && \
+	  cp $$d/config/crd/bases/keda.sh_scaledobjects.yaml $(CRDS)/
+	@touch $@
+
+deploy-tools: $(HELM) $(PROMTOOL) $(CRDS)/.stamp
+
+# tests/deploy: helm lint and template of every topology (default and secured values), the
+# rendered objects against the Kubernetes and CRD schemas, deploy/kubernetes/ against the chart,
+# promtool on the alert rules and their unit tests.
+deploy-check: install deploy-tools
+	GRUDGE_DEPLOY_CHECK=1 $(BIN)/pytest tests/deploy
+
+manifests: $(HELM)
+	$(BIN)/python tests/deploy/render.py --write
 
 clean:
 	rm -rf build dist *.egg-info $(DEVKAFKA)/build $(DEVKAFKA)/*.egg-info $(INSTALL_STAMP)

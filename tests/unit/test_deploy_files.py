@@ -212,13 +212,14 @@ def test_manifests_are_consistent() -> None:
     assert seed_vol["secret"]["defaultMode"] & 0o007 == 0 and seed_vol["secret"]["defaultMode"] & 0o040
     # the query API binds every address: its tokens from their Secret, mounted as a directory
     # (no subPath) so a rotation reaches the pod; forwards go to the pod's DNS name
-    tok_vol = next(v for v in volumes.values() if v.get("secret", {}).get("secretName") == tokens["metadata"]["name"])
-    items = {i["key"]: i for i in tok_vol["secret"]["items"]}
+    # (the tokens and the signing keys: two volumes of the one Secret, each mounted as a directory)
+    tok_vols = [v for v in volumes.values() if v.get("secret", {}).get("secretName") == tokens["metadata"]["name"]]
+    items = {i["key"]: (v, i) for v in tok_vols for i in v["secret"]["items"]}
     assert set(items) == set(tokens["stringData"]) and "immutable" not in tokens
-    base = mounts[tok_vol["name"]]["mountPath"]
-    assert env["GRUDGE_QUERY_TOKEN_FILE"]["value"] == f"{base}/{items['tokens']['path']}"
-    assert env["GRUDGE_SIGNING_KEYS_FILE"]["value"] == f"{base}/{items['signing-keys']['path']}"
-    assert "subPath" not in mounts[tok_vol["name"]] and mounts[tok_vol["name"]].get("readOnly") is True
+    for setting, key in (("GRUDGE_QUERY_TOKEN_FILE", "tokens"), ("GRUDGE_SIGNING_KEYS_FILE", "signing-keys")):
+        vol, item = items[key]
+        assert env[setting]["value"] == f"{mounts[vol['name']]['mountPath']}/{item['path']}"
+        assert "subPath" not in mounts[vol["name"]] and mounts[vol["name"]].get("readOnly") is True
     assert env["GRUDGE_ADVERTISED_URL"]["value"] == (
         f"http://$(GRUDGE_GROUP_INSTANCE_ID).{svc['metadata']['name']}:{port_names['web']}")
     names = list(env)
@@ -364,6 +365,8 @@ def test_systemd_unit_has_a_state_directory() -> None:
     assert envs["GRUDGE_SEED_FILE"] == "%d/seed"
     assert any(c.startswith("seed:") for c in keys["LoadCredential"])
     assert keys["KillSignal"] == ["SIGTERM"]
+    # exit 2 is a configuration error (grudge-stream's one-line refusals): never restarted in a loop
+    assert keys["Restart"] == ["always"] and keys["RestartPreventExitStatus"] == ["2"]
 
 
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
