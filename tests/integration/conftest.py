@@ -13,9 +13,11 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -562,3 +564,56 @@ def embedded(kafka_bootstrap, tmp_path):
     yield make
     for s in made:
         s.close()
+
+
+# -- running as an unprivileged user (tests/integration/test_deploy.py, test_image.py) ----------
+
+def _run_probe(prefix: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(prefix + [sys.executable, "-c", "import grudge_stream.cli, topologies, faust"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+
+
+def _sandbox(uid: int, gid: int):
+    """(prefix, env, cwd, state): a command prefix that runs as ``uid``, its environment, a
+    read-only working directory and a state directory only that user may write."""
+    if os.geteuid() != 0:
+        pytest.skip("switching to an unprivileged user needs root")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) not installed")
+    base = Path(tempfile.mkdtemp(prefix="grudge-deploy-"))
+    try:
+        base.chmod(0o755)
+        cwd = base / "cwd"
+        cwd.mkdir()
+        cwd.chmod(0o555)  # root's, read-only for everyone else
+        state = base / "state"
+        state.mkdir()
+        os.chown(state, uid, gid)
+        state.chmod(0o700)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("GRUDGE_", "XDG_")) and k not in ("HOME", "USER", "LOGNAME")}
+        env.update(HOME="/nonexistent", USER="nobody", LOGNAME="nobody")
+        prefix = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs"]
+        probe = _run_probe(prefix, env, str(cwd))
+        if probe.returncode != 0:
+            prefix = prefix[:-1] + ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
+                                    "--bounding-set=-all,+dac_read_search", "--no-new-privs"]
+            probe = _run_probe(prefix, env, str(cwd))
+        if probe.returncode != 0:
+            pytest.skip(f"uid {uid} cannot run {sys.executable}: {probe.stderr.strip()[-300:]}")
+        yield prefix, env, cwd, state
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def sandbox():
+    """As uid/gid 65534 (nobody), as a systemd DynamicUser would run."""
+    yield from _sandbox(65534, 65534)
+
+
+@pytest.fixture
+def image_user():
+    """As uid/gid 10001, the container image's user (deploy/Dockerfile)."""
+    yield from _sandbox(10001, 10001)

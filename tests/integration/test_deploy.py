@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -37,46 +35,6 @@ pytestmark = pytest.mark.slow
 
 UID = GID = 65534  # nobody
 HERE = Path(__file__).resolve().parent
-
-
-def _run_probe(prefix: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(prefix + [sys.executable, "-c", "import grudge_stream.cli, topologies, faust"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path):
-    """(prefix, env, cwd, state): a command prefix that runs as uid 65534, its environment,
-    a read-only working directory and a state directory only that user may write."""
-    if os.geteuid() != 0:
-        pytest.skip("switching to an unprivileged user needs root")
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) not installed")
-    base = Path(tempfile.mkdtemp(prefix="grudge-deploy-"))
-    try:
-        base.chmod(0o755)
-        cwd = base / "cwd"
-        cwd.mkdir()
-        cwd.chmod(0o555)  # root's, read-only for everyone else
-        state = base / "state"
-        state.mkdir()
-        os.chown(state, UID, GID)
-        state.chmod(0o700)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("GRUDGE_", "XDG_")) and k not in ("HOME", "USER", "LOGNAME")}
-        env.update(HOME="/nonexistent", USER="nobody", LOGNAME="nobody")
-        prefix = [setpriv, f"--reuid={UID}", f"--regid={GID}", "--clear-groups", "--no-new-privs"]
-        probe = _run_probe(prefix, env, str(cwd))
-        if probe.returncode != 0:
-            prefix = prefix[:-1] + ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
-                                    "--bounding-set=-all,+dac_read_search", "--no-new-privs"]
-            probe = _run_probe(prefix, env, str(cwd))
-        if probe.returncode != 0:
-            pytest.skip(f"uid {UID} cannot run {sys.executable}: {probe.stderr.strip()[-300:]}")
-        yield prefix, env, cwd, state
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
