@@ -8,7 +8,7 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests
+.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV) and the pinned deploy tools, start a local Kafka broker, run pytest"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-peers   the abuse_scores job beside Kafka Streams, Quix Streams and a Faust Table (PEERS_ARGS=...)"
 	@echo "make deploy-check  the Helm chart (lint, render, schemas), the alert rules (promtool) and the dashboard, with pinned tools"
 	@echo "make manifests     regenerate deploy/kubernetes/ from the Helm chart"
+	@echo "make docs          the API reference from the docstrings (pdoc) into build/api; fails on any warning"
 	@echo "make broker-start  start the local single-node KRaft broker (tools/devkafka; jars fetched with Maven on first use)"
 	@echo "make broker-stop   stop it"
 
@@ -145,6 +146,18 @@ deploy-check: install deploy-tools
 
 manifests: $(HELM)
 	$(BIN)/python tests/deploy/render.py --write
+
+# The API reference: the public modules (docs/embedding.md), from their docstrings. pdoc imports
+# them; PDOC_ALLOW_EXEC lets an import ask the platform for its architecture.
+API_MODULES := grudge_stream grudge_stream.state grudge_stream.faust grudge_stream.client \
+	grudge_stream.sketches grudge_stream.exceptions grudge_stream.hashing grudge_stream.topology
+docs: install
+	$(BIN)/python -m pip install -q "pdoc>=16,<17"
+	@rm -rf build/api && mkdir -p build
+	cd / && PDOC_ALLOW_EXEC=1 "$(CURDIR)/$(BIN)/python" -m pdoc -o "$(CURDIR)/build/api" $(API_MODULES) \
+	  2> "$(CURDIR)/build/api-warnings.txt"
+	@if [ -s build/api-warnings.txt ]; then cat build/api-warnings.txt; echo "make docs: pdoc warned (above)"; exit 1; fi
+	@echo "==> API reference in build/api/index.html"
 
 clean:
 	rm -rf build dist *.egg-info $(DEVKAFKA)/build $(DEVKAFKA)/*.egg-info $(INSTALL_STAMP)

@@ -31,7 +31,6 @@ Consistency: a view lags the workers by the output delivery and its poll
 reads committed records only, so it sees a raise once its checkpoint
 transaction commits.
 """
-from __future__ import annotations
 
 import asyncio
 import heapq
@@ -47,7 +46,7 @@ from grudge_stream.overrides import Override, OverrideTable
 
 log = logging.getLogger("grudge_stream.client")
 
-__all__ = ["AlertState", "AlertView", "topology_topics"]
+__all__ = ["AlertState", "AlertView", "Override", "topology_topics"]
 
 
 class AlertState(NamedTuple):
