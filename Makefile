@@ -8,7 +8,7 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs
+.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs test-pythons
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV) and the pinned deploy tools, start a local Kafka broker, run pytest"
@@ -16,6 +16,7 @@ help:
 	@echo "make example       the example gateway (examples/gateway): a client blocked, forgiven, denied by hand"
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
 	@echo "make test-faults   the full broker-fault set on a three-node cluster, both runtimes (long)"
+	@echo "make test-pythons  the unit, property and golden tests on the oldest and newest supported Pythons (PYTHONS=...)"
 	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
 	@echo "make bench-kafka   runtime benchmarks against a local broker (Faust, batch runtime, checkpoints, latency)"
 	@echo "make bench-peers   the abuse_scores job beside Kafka Streams, Quix Streams and a Faust Table (PEERS_ARGS=...)"
@@ -60,6 +61,24 @@ test-faults: install
 
 test-unit: install
 	$(BIN)/pytest tests/unit tests/property tests/golden
+
+# The supported Pythons besides the default one: the oldest (requires-python) and the newest.
+# Each gets a virtualenv of its own (.venv-<python>) with the package built and installed for it.
+# A name pyenv knows but has not selected (its shim refuses it) is taken from pyenv's versions.
+PYTHONS ?= python3.10 python3.13
+test-pythons:
+	@for py in $(PYTHONS); do \
+	  bin=$$py; \
+	  if ! $$bin -c 'import sys' >/dev/null 2>&1 && command -v pyenv >/dev/null; then \
+	    ver=$$(pyenv versions --bare | grep -E "^$${py#python}(\.|$$)" | tail -1); \
+	    [ -n "$$ver" ] && bin="$$(pyenv root)/versions/$$ver/bin/$$py"; \
+	  fi; \
+	  $$bin -c 'import sys' >/dev/null 2>&1 || { echo "make test-pythons: $$py not found (PYTHONS=...)"; exit 1; }; \
+	  v=.venv-$$py; echo "==> $$($$bin --version) in $$v"; \
+	  [ -x $$v/bin/python ] || $$bin -m venv $$v || exit 1; \
+	  $$v/bin/python -m pip install -q ".[test]" "./$(DEVKAFKA)" || exit 1; \
+	  $$v/bin/pytest -q tests/unit tests/property tests/golden || exit 1; \
+	done
 
 DEMO_ARGS ?=
 demo: install

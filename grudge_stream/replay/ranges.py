@@ -40,6 +40,16 @@ class Position:
 
 
 _DIGITS = re.compile(r"[0-9]+")
+_FRACTION = re.compile(r"T\d\d:\d\d:\d\d\.(\d+)")
+
+
+def _iso_for_python(t: str) -> str:
+    """Python 3.10's ``fromisoformat`` reads fractions of exactly 3 or 6 digits: pad or cut
+    any other (``.5`` is ``.500000``; ISO 8601 allows any number of digits)."""
+    m = _FRACTION.search(t)
+    if m is None:
+        return t
+    return t[:m.start(1)] + (m.group(1) + "000000")[:6] + t[m.end(1):]
 
 
 def parse_position(text: str) -> Position:
@@ -60,7 +70,7 @@ def parse_position(text: str) -> Position:
             raise ConfigError(f"bad offset {text!r}: offsets are >= 0")
         return Position("offset", n)
     try:
-        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+        dt = datetime.fromisoformat(_iso_for_python(t.replace("Z", "+00:00")))
     except ValueError:
         raise ConfigError(
             f"bad position {text!r}: expected earliest, now, an offset, @<epoch ms> or an ISO-8601 time"
