@@ -151,6 +151,7 @@ class PartitionSlot:
         self.replay_until: int | None = None
         self._labels = (self.operator.operator_id, str(partition))
         self._seen = dict(self.operator.counters)
+        self._seen_reasons = dict(getattr(self.operator, "dead_letter_reasons", {}))
         self._children: dict = {}
         self._next_saturation = 0.0
         self._saturation_logged: dict[str, float] = {}
@@ -239,9 +240,11 @@ class PartitionSlot:
             if d:
                 self._child(counter).inc(d)
         if c.get("dead_letters", 0) != seen.get("dead_letters", 0):
-            for name, n in c.items():
-                if name.startswith("dead_letters:") and n != seen.get(name, 0):
-                    m.dead_letter_reasons.labels(self._labels[0], name[13:]).inc(n - seen.get(name, 0))
+            reasons, seen_reasons = getattr(self.operator, "dead_letter_reasons", {}), self._seen_reasons
+            for name, n in reasons.items():
+                if n > seen_reasons.get(name, 0):
+                    m.dead_letter_reasons.labels(self._labels[0], name).inc(n - seen_reasons.get(name, 0))
+            self._seen_reasons = dict(reasons)
         for state in ("raised", "cleared"):
             d = c.get("alerts_" + state, 0) - seen.get("alerts_" + state, 0)
             if d:

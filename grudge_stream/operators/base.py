@@ -427,8 +427,10 @@ class Operator(abc.ABC):
 
     def dead_letter(self, rec: SourceRecord, reason: str) -> OutputRecord:
         self.counters["dead_letters"] += 1
-        cls = "dead_letters:" + reason_class(reason)
-        self.counters[cls] = self.counters.get(cls, 0) + 1
+        # Per reason class, for the metrics only: never in ``counters``, which snapshots carry.
+        cls = reason_class(reason)
+        reasons = self.__dict__.setdefault("dead_letter_reasons", {})
+        reasons[cls] = reasons.get(cls, 0) + 1
         return dead_letter_record(
             self.operator_id, reason,
             {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,

@@ -202,7 +202,6 @@ class WorkerCore:
         self._last_failure_log = 0.0
         self._lag_checked = 0.0
         self.producer = None
-        self._admin_client = None
         self.transaction: Transaction | None = None
         txn_timeout_s = setting(settings, "transaction_timeout_s")
         if exactly_once:
@@ -453,6 +452,7 @@ class WorkerCore:
         loading or moving, a broker bounced): transient answers are retried for up to
         ``broker_wait_s``, then the last one is raised (one line, exit 2 from the CLI)."""
         from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+        from confluent_kafka.admin import AdminClient
 
         from grudge_stream.topics import transient
 
@@ -463,7 +463,9 @@ class WorkerCore:
         delay, warned = 0.25, 0.0
         while True:
             try:
-                res = self._admin().list_consumer_group_offsets([req], request_timeout=30)[self.app_id].result(30)
+                # A client per attempt: one kept across a broker outage kept timing out after it.
+                admin = AdminClient({"log_level": 3, **self.client_config})
+                res = admin.list_consumer_group_offsets([req], request_timeout=10)[self.app_id].result(15)
                 return {tp.partition: tp.offset for tp in res.topic_partitions
                         if tp.error is None and tp.offset >= 0}
             except (KafkaException, TimeoutError) as exc:
@@ -477,15 +479,6 @@ class WorkerCore:
                     warned = now
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
-
-    def _admin(self):
-        """One admin client of the worker's, made on first use (never the consumer's: it must
-        not be called inside its own rebalance callback)."""
-        if self._admin_client is None:
-            from confluent_kafka.admin import AdminClient
-
-            self._admin_client = AdminClient({"log_level": 3, **self.client_config})
-        return self._admin_client
 
     def restart_point(self, partition: int, outcome: RestoreOutcome, committed: int | None) -> RestoreOutcome:
         """A restored partition whose group committed offsets but kept no snapshot (they are

@@ -198,7 +198,10 @@ def test_tokens_forwarding_rotation_budget_and_no_leaks(harness, runtime, tmp_pa
     # Garbage on the plain port: clean refusals, and the worker keeps processing.
     hello = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 100
     reply = raw(port, hello)
-    assert reply == b"" or reply.startswith(b"HTTP/1.") and b" 400 " in reply.split(b"\r\n")[0]
+    # A refusal: a 400, or, when the random bytes end the request line early, the HTTP/0.9-style
+    # bare error page http.server sends to a request line without a version.
+    assert (reply == b"" or reply.startswith(b"HTTP/1.") and b" 400 " in reply.split(b"\r\n")[0]
+            or not reply.startswith(b"HTTP/") and b"Error code: 400" in reply), reply[:300]
     big = (b"GET /v1/score?key=a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + b"a" * 200_000 + b"\r\n\r\n")
     reply = raw(port, big)
     assert reply == b"" or reply.split(b"\r\n")[0].split(b" ")[1] in (b"400", b"403", b"431")

@@ -145,6 +145,14 @@ def test_bad_records_are_dead_lettered_and_touch_nothing() -> None:
     assert len(dead) == bad_count == op.counters["dead_letters"]
     assert all(d["reason"] and d["source"]["topic"] == TOPIC for d in dead)
     assert op.sketch_bytes() == ref_op.sketch_bytes()
+    # Reason classes for the metrics, outside the counters a snapshot carries.
+    from grudge_stream.operators.base import reason_class
+
+    classes: dict[str, int] = {}
+    for d in dead:
+        classes[reason_class(d["reason"])] = classes.get(reason_class(d["reason"]), 0) + 1
+    assert op.dead_letter_reasons == classes and sum(classes.values()) == bad_count
+    assert set(op.counters) == set(ref_op.counters)
     strip = lambda outs: [(o.role, o.key, {k: v for k, v in json.loads(o.value).items()  # noqa: E731
                                           if k not in ("alert_id", "id", "source")}) for o in outs if o.role != "dead_letters"]
     assert strip(out) == strip(ref_out)

@@ -143,14 +143,18 @@ class _Admin:
         return {requests[0].group_id: _Future(self.answers.pop(0))}
 
 
-def _core_like(admin, wait_s: float):
+def _core_like(admin, wait_s: float, monkeypatch):
     import logging
     import types
 
+    import confluent_kafka.admin
+
     from grudge_stream.runtime.core import WorkerCore
 
+    clients = []
+    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", lambda conf: clients.append(conf) or admin)
     fake = types.SimpleNamespace(app_id="app", topic="events", log=logging.getLogger("test"),
-                                 settings=Settings({"broker_wait_s": wait_s}), _admin=lambda: admin)
+                                 settings=Settings({"broker_wait_s": wait_s}), client_config={})
     return lambda partitions: WorkerCore.group_committed(fake, partitions)
 
 
@@ -162,25 +166,25 @@ def _result(offsets: dict[int, int]):
     return types.SimpleNamespace(topic_partitions=[TopicPartition("events", p, o) for p, o in offsets.items()])
 
 
-def test_group_committed_retries_a_loading_coordinator_then_answers() -> None:
+def test_group_committed_retries_a_loading_coordinator_then_answers(monkeypatch) -> None:
     from confluent_kafka import KafkaError, KafkaException
 
     loading = KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS))
     admin = _Admin([loading, TimeoutError(), _result({0: 17, 1: -1001})])
-    assert _core_like(admin, 30.0)([0, 1]) == {0: 17}  # partition 1 has no committed offset
+    assert _core_like(admin, 30.0, monkeypatch)([0, 1]) == {0: 17}  # partition 1 has no committed offset
     assert admin.calls == 3
 
 
-def test_group_committed_gives_up_after_broker_wait_s_and_at_once_on_a_refusal() -> None:
+def test_group_committed_gives_up_after_broker_wait_s_and_at_once_on_a_refusal(monkeypatch) -> None:
     from confluent_kafka import KafkaError, KafkaException
 
     down = KafkaException(KafkaError(KafkaError._TRANSPORT))
     admin = _Admin([down] * 50)
     with pytest.raises(KafkaException):
-        _core_like(admin, 0.6)([0])
+        _core_like(admin, 0.6, monkeypatch)([0])
     assert 2 <= admin.calls <= 4  # retried with backoff, within broker_wait_s
     refused = KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
     admin = _Admin([refused, _result({0: 1})])
     with pytest.raises(KafkaException):
-        _core_like(admin, 30.0)([0])
+        _core_like(admin, 30.0, monkeypatch)([0])
     assert admin.calls == 1
