@@ -143,8 +143,8 @@ $(PROMTOOL):
 	@echo "==> promtool from Debian's prometheus package (extracted into $(TOOLS), not installed)"
 	@mkdir -p $(TOOLS)/deb
 	cd $(TOOLS)/deb && (apt-get download prometheus 2>/dev/null || (apt-get update -qq && apt-get download prometheus))
-	dpkg-deb -x $$(ls -t $(TOOLS)/deb/prometheus_*.deb | head -1) $(TOOLS)/deb/root
-	cp $(TOOLS)/deb/root/usr/bin/promtool $@
+	dpkg-deb -x $$(ls -t $(TOOLS)/deb/prometheus_*.deb | head -1) $(TOOLS)/deb/extracted
+	cp "$$(find $(TOOLS)/deb/extracted -type f -name promtool | head -1)" $@
 
 $(CRDS)/.stamp:
 	@mkdir -p $(CRDS)

@@ -33,22 +33,22 @@ from common import emit  # noqa: E402
 from grudge_devkafka import free_port  # noqa: E402
 
 
-def events_done(port: int) -> float:
+def counter_sum(port: int, names: str) -> float:
+    """The sum of every sample of the counters ``grudge_<names>_total`` (a regex alternative)."""
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
     except OSError:
         return 0.0
+    return sum(float(x) for x in re.findall(rf'^grudge_(?:{names})_total\{{[^}}]*\}} ([0-9.e+]+)$', body, re.M))
+
+
+def events_done(port: int) -> float:
     # Processed or dead-lettered: every record counts once (heavy_global takes reports only).
-    return sum(float(x) for x in re.findall(r'^grudge_(?:events|dead_letters)_total\{[^}]*\} ([0-9.e+]+)$',
-                                            body, re.M))
+    return counter_sum(port, "events|dead_letters")
 
 
 def dead_letters(port: int) -> float:
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    except OSError:
-        return 0.0
-    return sum(float(x) for x in re.findall(r'^grudge_dead_letters_total\{[^}]*\} ([0-9.e+]+)$', body, re.M))
+    return counter_sum(port, "dead_letters")
 
 
 def ready(port: int) -> bool:

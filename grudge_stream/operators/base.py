@@ -195,6 +195,8 @@ class Operator(abc.ABC):
         self.next_offset: int | None = None
         self.watermark: int | None = None
         # Deterministic functions of the record stream: part of the snapshot.
+        # Dead letters per reason class (``reason_class``), for the metrics: not snapshotted.
+        self.dead_letter_reasons: dict[str, int] = {}
         self.counters: dict[str, int] = {"events": 0, "dead_letters": 0, "late": 0,
                                          "future_clamped": 0, "late_dropped": 0}
         # Records below next_offset that a runtime re-delivered (not state: differs per run).
@@ -429,8 +431,7 @@ class Operator(abc.ABC):
         self.counters["dead_letters"] += 1
         # Per reason class, for the metrics only: never in ``counters``, which snapshots carry.
         cls = reason_class(reason)
-        reasons = self.__dict__.setdefault("dead_letter_reasons", {})
-        reasons[cls] = reasons.get(cls, 0) + 1
+        self.dead_letter_reasons[cls] = self.dead_letter_reasons.get(cls, 0) + 1
         return dead_letter_record(
             self.operator_id, reason,
             {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
