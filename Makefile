@@ -44,6 +44,9 @@ install: $(INSTALL_STAMP)
 
 $(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
 	@echo "==> installing grudge-stream[test] and the dev broker ($(DEVKAFKA)) into $(VENV): pip builds a wheel, compiling the Cython kernels in cyext/ (a minute or two)"
+	@# build/lib.* keeps every module an earlier build copied; a module since moved or removed
+	@# would ride along into the wheel (build/temp.* keeps the compiled objects).
+	rm -rf build/lib.*
 	$(BIN)/python -m pip install --progress-bar on ".[test]" "./$(DEVKAFKA)"
 	@touch $@
 	@echo "==> installed; 'make test' and 'make demo' reinstall only when a source changes"
@@ -65,7 +68,7 @@ test-unit: install
 # The supported Pythons besides the default one: the oldest (requires-python) and the newest.
 # Each gets a virtualenv of its own (.venv-<python>) with the package built and installed for it.
 # A name pyenv knows but has not selected (its shim refuses it) is taken from pyenv's versions.
-PYTHONS ?= python3.10 python3.13
+PYTHONS ?= python3.10 python3.12 python3.13
 test-pythons:
 	@for py in $(PYTHONS); do \
 	  bin=$$py; \
@@ -76,7 +79,7 @@ test-pythons:
 	  $$bin -c 'import sys' >/dev/null 2>&1 || { echo "make test-pythons: $$py not found (PYTHONS=...)"; exit 1; }; \
 	  v=.venv-$$py; echo "==> $$($$bin --version) in $$v"; \
 	  [ -x $$v/bin/python ] || $$bin -m venv $$v || exit 1; \
-	  $$v/bin/python -m pip install -q ".[test]" "./$(DEVKAFKA)" || exit 1; \
+	  rm -rf build/lib.*; $$v/bin/python -m pip install -q ".[test]" "./$(DEVKAFKA)" || exit 1; \
 	  $$v/bin/pytest -q tests/unit tests/property tests/golden || exit 1; \
 	done
 

@@ -1,4 +1,6 @@
-"""Build the Cython kernels in cyext/ into grudge_stream._cyext (all else is in pyproject.toml).
+"""Build the Cython kernels in cyext/ into grudge_stream._cyext, and install the shipped
+topologies (topologies/ in the source tree) as grudge_stream.topologies; all else is in
+pyproject.toml.
 
 Set GRUDGE_DEBUG=1 to build with bounds checks, wraparound, C assertions and -O0 -g.
 """
@@ -7,7 +9,7 @@ import os
 
 import numpy
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 DEBUG = os.environ.get("GRUDGE_DEBUG", "") not in ("", "0")
 
@@ -37,6 +39,11 @@ extensions = [
 ]
 
 setup(
+    # topologies/ sits at the top of the source tree, beside grudge_stream/, and installs as
+    # grudge_stream.topologies: no generic top-level "topologies" package in site-packages.
+    # tools/ (the dev broker, tools/devkafka) is a distribution of its own, never in this wheel.
+    packages=[*find_packages(include=["grudge_stream", "grudge_stream.*"]), "grudge_stream.topologies"],
+    package_dir={"grudge_stream.topologies": "topologies"},
     ext_modules=cythonize(
         extensions,
         include_path=["cyext"],

@@ -54,7 +54,7 @@ def _connect(settings: Settings) -> dict:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("topology", help="topology name (topologies/<name>.py), dotted module, or .py path")
+    p.add_argument("topology", help="shipped topology name (grudge_stream.topologies.<name>), dotted module, or .py path")
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="topology setting (overrides the GRUDGE_<NAME> environment variable)")
     p.add_argument("--bootstrap-servers", default=None,
@@ -170,7 +170,8 @@ def _topology_topic_names(topology) -> list[str]:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from grudge_stream.topology import bind_settings, load_topology_module
+    from grudge_stream.settings import scoped_env_name
+    from grudge_stream.topology import bind_settings, load_topology_module, topology_short_name
 
     settings = _settings(args)
     module = load_topology_module(args.topology)
@@ -184,7 +185,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
         return 0
     if doc:
         print(doc[0] + "\n")
-    print(f"settings of {args.topology} (flag --set NAME=VALUE, env GRUDGE_{args.topology.upper()}__NAME "
+    scoped = scoped_env_name(topology_short_name(args.topology), "NAME")
+    print(f"settings of {args.topology} (flag --set NAME=VALUE, env {scoped} "
           "or GRUDGE_NAME); 'state' ones make a snapshot foreign when changed:\n")
     for r in rows:
         unit = f" {r['unit']}" if r["unit"] else ""

@@ -1,12 +1,14 @@
 """A topology: which topic feeds which operator, and where its outputs and snapshots go.
 
-Topology modules (``topologies/*.py``) define ``build(settings) -> Topology``;
+Topology modules (the shipped ones are ``grudge_stream.topologies.*``) define
+``build(settings) -> Topology``;
 the runtimes (Faust worker, batch runner, replay) take it from there.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -16,6 +18,8 @@ from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
 from grudge_stream.operators.base import Operator
 from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Settings, setting
+
+log = logging.getLogger("grudge_stream.runtime")
 
 __all__ = ["Settings", "Topology", "load_topology", "topology_names", "operator_settings", "codec_settings"]
 
@@ -85,27 +89,38 @@ class Topology:
         return self.outputs.get(role)
 
 
+SHIPPED_PACKAGE = "grudge_stream.topologies"
+
+
 def topology_names() -> list[str]:
-    """The shipped topologies (modules of the ``topologies`` package)."""
+    """The shipped topologies (the modules of ``grudge_stream.topologies``)."""
     import pkgutil
 
-    try:
-        import topologies
-    except ModuleNotFoundError:
-        _add_topology_roots()
-        import topologies
-    return sorted(m.name for m in pkgutil.iter_modules(topologies.__path__) if not m.name.startswith("_"))
+    shipped = importlib.import_module(SHIPPED_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(shipped.__path__) if not m.name.startswith("_"))
 
 
-def _add_topology_roots() -> None:
-    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for root in (os.getcwd(), repo_root):
-        if os.path.isdir(os.path.join(root, "topologies")) and root not in sys.path:
-            sys.path.append(root)
+def _import_from_cwd(modname: str):
+    """Import ``modname``, looking in the working directory as well when it is not
+    importable (as ``python -m`` would), so ``worker mytopos.fraud`` works from the
+    directory holding ``mytopos/``. Returns None when the module itself is missing."""
+    for attempt in range(2):
+        try:
+            return importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if not (modname == missing or modname.startswith(missing + ".")):
+                raise  # the module exists but imports something missing: show that
+        cwd = os.getcwd()
+        if attempt or cwd in sys.path:
+            return None
+        sys.path.append(cwd)
+    return None
 
 
 def load_topology_module(name: str):
-    """``topologies.<name>``, a dotted module path, or a ``.py`` file."""
+    """A shipped topology's name (``rate_limit``), a dotted module path
+    (``mytopos.fraud``), or a ``.py`` file."""
     if name.endswith(".py") or os.sep in name:
         spec = importlib.util.spec_from_file_location(f"grudge_topology_{abs(hash(name))}", name)
         if spec is None or spec.loader is None or not os.path.isfile(name):
@@ -113,23 +128,20 @@ def load_topology_module(name: str):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    modname = name if "." in name else f"topologies.{name}"
-    try:
-        return importlib.import_module(modname)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (modname, "topologies"):
-            raise
-    _add_topology_roots()
-    try:
-        return importlib.import_module(modname)
-    except ModuleNotFoundError:
-        try:
-            known = ", ".join(topology_names())
-        except ModuleNotFoundError:
-            known = "none found"
+    modname = name if "." in name else f"{SHIPPED_PACKAGE}.{name}"
+    module = _import_from_cwd(modname)
+    if module is None and name.startswith("topologies."):
+        # 0.1 installed the shipped topologies as a top-level ``topologies`` package.
+        module = _import_from_cwd(f"{SHIPPED_PACKAGE}.{name.split('.', 1)[1]}")
+        if module is not None:
+            log.warning("topology %r: the shipped topologies moved to %s; name it %r or %r",
+                        name, SHIPPED_PACKAGE, name.split(".", 1)[1], module.__name__)
+    if module is None:
         raise ConfigError(
-            f"unknown topology {name!r}; the topologies are: {known} (or pass a dotted module or a .py file)"
-        ) from None
+            f"unknown topology {name!r}; the topologies are: {', '.join(topology_names())} "
+            "(or pass a dotted module or a .py file)"
+        )
+    return module
 
 
 def topology_short_name(name: str) -> str:
@@ -148,7 +160,7 @@ def bind_settings(module, name: str, settings: Settings) -> Settings:
 
 
 def load_topology(name: str, settings: Settings | None = None) -> Topology:
-    """Load ``topologies.<name>``, a dotted module path, or a ``.py`` file, and build it.
+    """Load a shipped topology by name, a dotted module path, or a ``.py`` file, and build it.
 
     A module that declares ``SETTINGS`` gets every setting checked first: an unknown name
     or a bad value is a ConfigError naming it (docs/runtime.md, "Settings")."""

@@ -569,7 +569,7 @@ def embedded(kafka_bootstrap, tmp_path):
 # -- running as an unprivileged user (tests/integration/test_deploy.py, test_image.py) ----------
 
 def _run_probe(prefix: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(prefix + [sys.executable, "-c", "import grudge_stream.cli, topologies, faust"],
+    return subprocess.run(prefix + [sys.executable, "-c", "import grudge_stream.cli, grudge_stream.topologies, faust"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
 
 
