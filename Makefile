@@ -8,7 +8,7 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs test-pythons
+.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs typecheck test-pythons
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV) and the pinned deploy tools, start a local Kafka broker, run pytest"
@@ -23,6 +23,7 @@ help:
 	@echo "make deploy-check  the Helm chart (lint, render, schemas), the alert rules (promtool) and the dashboard, with pinned tools"
 	@echo "make manifests     regenerate deploy/kubernetes/ from the Helm chart"
 	@echo "make docs          the API reference from the docstrings (pdoc) into build/api; fails on any warning"
+	@echo "make typecheck     mypy --strict on the public API (the files listed under [tool.mypy] in pyproject.toml)"
 	@echo "make broker-start  start the local single-node KRaft broker (tools/devkafka; jars fetched with Maven on first use)"
 	@echo "make broker-stop   stop it"
 
@@ -180,6 +181,11 @@ docs: install
 	  2> "$(CURDIR)/build/api-warnings.txt"
 	@if [ -s build/api-warnings.txt ]; then cat build/api-warnings.txt; echo "make docs: pdoc warned (above)"; exit 1; fi
 	@echo "==> API reference in build/api/index.html"
+
+# mypy --strict on the public API; pyproject.toml's [tool.mypy] lists the files.
+typecheck: install
+	$(BIN)/python -m pip install -q "mypy==2.4.1"
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf build dist *.egg-info $(DEVKAFKA)/build $(DEVKAFKA)/*.egg-info $(INSTALL_STAMP)

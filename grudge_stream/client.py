@@ -31,6 +31,7 @@ Consistency: a view lags the workers by the output delivery and its poll
 reads committed records only, so it sees a raise once its checkpoint
 transaction commits.
 """
+from __future__ import annotations
 
 import asyncio
 import heapq
@@ -39,10 +40,13 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from grudge_stream.follow import TopicFollower
 from grudge_stream.overrides import Override, OverrideTable
+
+if TYPE_CHECKING:
+    from grudge_stream.topology import Settings
 
 log = logging.getLogger("grudge_stream.client")
 
@@ -54,12 +58,13 @@ class AlertState(NamedTuple):
 
     key: bytes
     raised: bool
-    alert: dict | None  # the raise alert from the alert state topic (score, alert_id, event time...)
+    alert: dict[str, Any] | None  # the raise alert from the alert state topic (score, alert_id, event time...)
     override: Override | None  # the allow / deny entry in force, if any
 
     @property
     def score(self) -> float | None:
-        return None if self.alert is None else self.alert.get("score")
+        score = None if self.alert is None else self.alert.get("score")
+        return None if score is None else float(score)
 
     @property
     def reason(self) -> str:
@@ -72,7 +77,7 @@ def _key_bytes(key: bytes | str) -> bytes:
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
 
 
-def topology_topics(name: str, settings=None) -> dict[str, str | None]:
+def topology_topics(name: str, settings: Settings | None = None) -> dict[str, str | None]:
     """``{"alert_state": ..., "overrides": ..., "alerts": ...}`` of a topology, from its
     settings (``--set`` / ``GRUDGE_*``), as its workers name them. The topology's secret
     hash key is not needed: a throw-away one stands in (the sketches are never used)."""
@@ -91,7 +96,7 @@ class AlertView:
     """The current raised set of one topology (see the module docstring)."""
 
     def __init__(self, bootstrap_servers: str, state_topic: str, overrides_topic: str | None = None, *,
-                 client_config: dict | None = None,
+                 client_config: dict[str, Any] | None = None,
                  on_raise: Callable[[bytes, AlertState], None] | None = None,
                  on_clear: Callable[[bytes, AlertState], None] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None, signing: Any = None) -> None:
@@ -102,7 +107,7 @@ class AlertView:
         self.on_raise = on_raise
         self.on_clear = on_clear
         self.loop = loop
-        self._alerts: dict[bytes, dict] = {}
+        self._alerts: dict[bytes, dict[str, Any]] = {}
         self._overrides = OverrideTable(signing)
         self._raised: set[bytes] = set()
         self._expiries: list[tuple[int, bytes]] = []  # (ms, key): overrides starting or ending
@@ -114,8 +119,8 @@ class AlertView:
         self.ready = threading.Event()
 
     @classmethod
-    def for_topology(cls, topology: str, settings=None, *, bootstrap_servers: str | None = None,
-                     **kwargs) -> "AlertView":
+    def for_topology(cls, topology: str, settings: Settings | None = None, *,
+                     bootstrap_servers: str | None = None, **kwargs: Any) -> "AlertView":
         """A view of a shipped (or dotted, or ``.py``) topology, topics named as its workers name them."""
         from grudge_stream.kafkaconf import client_config
         from grudge_stream.topology import Settings
@@ -131,7 +136,7 @@ class AlertView:
             from grudge_stream.signing import SigningKeys
 
             kwargs["signing"] = SigningKeys.from_settings(settings)
-        return cls(topics["bootstrap_servers"], topics["alert_state"], topics["overrides"], **kwargs)
+        return cls(settings.bootstrap_servers, topics["alert_state"], topics["overrides"], **kwargs)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -162,13 +167,13 @@ class AlertView:
     def __enter__(self) -> "AlertView":
         return self.start() if not self.ready.is_set() else self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     async def __aenter__(self) -> "AlertView":
         return await self.start_async() if not self.ready.is_set() else self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.stop)
 
     # -- reads (any thread) ------------------------------------------------------------------

@@ -28,10 +28,10 @@ def as_ms(value: object, what: str = "now_ms") -> int:
         if not math.isfinite(value):
             raise ValueError(f"{what} must be finite, got {value!r}")
         return int(value)
-    try:
-        return int(value.__index__())  # numpy integers
-    except AttributeError:
-        raise TypeError(f"{what} must be an int (milliseconds), not {type(value).__name__}") from None
+    index = getattr(value, "__index__", None)  # numpy integers
+    if index is None:
+        raise TypeError(f"{what} must be an int (milliseconds), not {type(value).__name__}")
+    return int(index())
 
 
 class Clock:

@@ -7,7 +7,10 @@ import logging
 import threading
 import time
 import uuid
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
 
 log = logging.getLogger("grudge_stream.follow")
 
@@ -23,7 +26,7 @@ class TopicFollower:
     """
 
     def __init__(self, bootstrap_servers: str, topics: list[str], handle: Callable[[str, bytes | None, bytes | None], None],
-                 *, client_config: dict | None = None, tick: Callable[[], None] | None = None,
+                 *, client_config: dict[str, Any] | None = None, tick: Callable[[], None] | None = None,
                  name: str = "grudge-follower", poll_s: float = 0.1, isolation: str = "read_committed") -> None:
         self.topics = list(topics)
         self.handle = handle
@@ -62,7 +65,7 @@ class TopicFollower:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
-    def _assign_new(self, consumer) -> None:
+    def _assign_new(self, consumer: Consumer) -> None:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         md = consumer.list_topics(timeout=10)
@@ -112,13 +115,14 @@ class TopicFollower:
                     if m.error() is not None:
                         continue
                     self.records += 1
+                    topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
                     try:
-                        self.handle(m.topic(), m.key(), m.value())
+                        self.handle(topic, m.key(), m.value())
                     except Exception:  # noqa: BLE001 - one bad record must not stop the follower
-                        log.exception("%s: handling a record of %s failed", self.name, m.topic())
-                    tp = (m.topic(), m.partition())
+                        log.exception("%s: handling a record of %s failed", self.name, topic)
+                    tp = (topic, partition)
                     end = self._ends.get(tp)
-                    if end is not None and m.offset() + 1 >= end:
+                    if end is not None and offset + 1 >= end:
                         del self._ends[tp]
                 if not self.caught_up.is_set() and self._ends:
                     self._check_ends(consumer)
@@ -133,7 +137,7 @@ class TopicFollower:
             if consumer is not None:
                 consumer.close()
 
-    def _check_ends(self, consumer) -> None:
+    def _check_ends(self, consumer: Consumer) -> None:
         """A bootstrap end may never be reached as a record offset (compaction, transaction
         markers): compare positions too."""
         from confluent_kafka import TopicPartition

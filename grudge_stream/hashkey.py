@@ -28,9 +28,13 @@ import binascii
 import hashlib
 import logging
 import re
+from typing import TYPE_CHECKING, NoReturn
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashing import siphash24
+
+if TYPE_CHECKING:
+    from grudge_stream.settings import Settings
 
 log = logging.getLogger("grudge_stream.hashkey")
 
@@ -111,11 +115,11 @@ class HashKey:
     def __hash__(self) -> int:
         return hash(self.fingerprint)
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a HashKey is never pickled")
 
 
-def hash_key_from_settings(settings, topology: str) -> HashKey | None:
+def hash_key_from_settings(settings: Settings, topology: str) -> HashKey | None:
     """The topology's secret key from ``seed`` / ``seed_file``; ``None`` only when the
     operator opted into the public key with ``insecure_public_seed=true`` (warned about).
     Raises ConfigError, naming the settings, when no key is given."""

@@ -36,10 +36,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.follow import TopicFollower
+
+if TYPE_CHECKING:
+    from grudge_stream.operators.base import Operator
+    from grudge_stream.signing import SigningKeys
+    from grudge_stream.topology import Topology
 
 log = logging.getLogger("grudge_stream.overrides")
 
@@ -63,7 +68,7 @@ class Override(NamedTuple):
     def active(self, at_ms: int) -> bool:
         return self.created_ms <= at_ms and (self.expires_ms is None or at_ms < self.expires_ms)
 
-    def to_json(self, key: bytes) -> dict:
+    def to_json(self, key: bytes) -> dict[str, Any]:
         from grudge_stream.operators.records import key_fields
 
         return {**key_fields(key), "action": self.action, "created_ms": self.created_ms,
@@ -90,7 +95,8 @@ def parse_duration(text: str) -> int:
 
 
 def encode_override(action: str, *, now_ms: int | None = None, for_ms: int | None = None,
-                    reason: str = "", by: str = "", key: bytes | None = None, signing: Any = None) -> bytes:
+                    reason: str = "", by: str = "", key: bytes | None = None,
+                    signing: SigningKeys | None = None) -> bytes:
     """An entry's value. With ``signing`` (``grudge_stream.signing.SigningKeys``; ``key``
     needed) the entry is signed, ``by`` is the signer's name, and ``action`` may also be
     ``clear`` (a signed clear: an unsigned tombstone is ignored by verifying readers)."""
@@ -107,7 +113,7 @@ def encode_override(action: str, *, now_ms: int | None = None, for_ms: int | Non
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode_override(value: bytes | dict) -> Override:
+def decode_override(value: bytes | dict[str, Any]) -> Override:
     """An entry's value; ValueError when it is not one (such entries are logged and ignored)."""
     body = json.loads(value) if not isinstance(value, dict) else value
     if not isinstance(body, dict) or body.get("action") not in ACTIONS:
@@ -129,7 +135,7 @@ class OverrideTable:
     ``rejected`` (and passed to ``on_reject``). A signed entry older than the one in force
     for its key is ignored too (``stale``)."""
 
-    def __init__(self, signing: Any = None, on_reject: Callable[[], None] | None = None) -> None:
+    def __init__(self, signing: SigningKeys | None = None, on_reject: Callable[[], None] | None = None) -> None:
         self._entries: dict[bytes, Override] = {}
         self._denies: dict[bytes, Override] = {}
         self.version = 0
@@ -176,6 +182,7 @@ class OverrideTable:
         return old, new
 
     def _apply_signed(self, key: bytes, value: bytes | None) -> tuple[Override | None, Override | None] | None:
+        assert self.signing is not None  # apply() sends only a verifying table's entries here
         try:
             body, signer = self.signing.verify(SIGNED_KIND, key, value)
             created = body.get("created_ms")
@@ -227,8 +234,9 @@ class OverrideTable:
         return iter(list(self._entries.items()))
 
 
-def start_override_follower(topology, bootstrap_servers: str, client_config: dict | None = None,
-                            wait_s: float = 30.0, signing: Any = None,
+def start_override_follower(topology: Topology, bootstrap_servers: str,
+                            client_config: dict[str, Any] | None = None,
+                            wait_s: float = 30.0, signing: SigningKeys | None = None,
                             on_reject: Callable[[], None] | None = None) -> tuple[OverrideTable, TopicFollower] | None:
     """Follow ``topology.overrides_topic`` into a table, waiting (up to ``wait_s``) for the
     entries written so far, and attach it to every operator the topology makes. ``signing``:
@@ -237,7 +245,10 @@ def start_override_follower(topology, bootstrap_servers: str, client_config: dic
     if not topic:
         return None
     table = OverrideTable(signing, on_reject)
-    follower = TopicFollower(bootstrap_servers, [topic], lambda _t, k, v: table.apply(k, v),
+    def apply(_topic: str, key: bytes | None, value: bytes | None) -> None:
+        table.apply(key, value)
+
+    follower = TopicFollower(bootstrap_servers, [topic], apply,
                              client_config=client_config, name="grudge-overrides").start()
     if not follower.wait_caught_up(wait_s):
         log.warning("overrides topic %s not read to its end after %.0f s; starting anyway (entries apply "
@@ -246,13 +257,13 @@ def start_override_follower(topology, bootstrap_servers: str, client_config: dic
     return table, follower
 
 
-def attach_overrides(topology, table: OverrideTable) -> None:
+def attach_overrides(topology: Topology, table: OverrideTable) -> None:
     """Every operator ``topology.make_operator`` builds from now on judges with ``table``."""
     make = topology.make_operator
     if getattr(make, "_grudge_overrides", None) is not None:
-        make = make._grudge_inner  # attach once: replace the table
+        make = make._grudge_inner  # type: ignore[attr-defined]  # attach once: replace the table
 
-    def make_operator(partition: int, _make=make):
+    def make_operator(partition: int, _make: Callable[[int], Operator] = make) -> Operator:
         op = _make(partition)
         if hasattr(op, "overrides"):
             op.overrides = table

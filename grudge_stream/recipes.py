@@ -99,7 +99,7 @@ class TokenBucketConfig(ConfigOf):
                                  decay=Linear(self.rate_per_s), lo=0.0, hi=self.debt_cap,
                                  aggregator="min", hasher=self.hasher, seed=self.seed)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -147,7 +147,7 @@ class TokenBucket:
         self._sketch = ScoreSketch(**config.sketch_config.kwargs(), clock=clock)
 
     @classmethod
-    def from_config(cls, config: "TokenBucketConfig | Mapping", clock: Any = None) -> "TokenBucket":
+    def from_config(cls, config: "TokenBucketConfig | Mapping[str, Any]", clock: Any = None) -> "TokenBucket":
         """A bucket from its config object (or a dict of its fields)."""
         return cls(**TokenBucketConfig.of(config).kwargs(), clock=clock)
 

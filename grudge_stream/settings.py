@@ -139,13 +139,13 @@ class Settings:
     @property
     def bootstrap_servers(self) -> str:
         if self.declared:
-            return self.values["bootstrap_servers"]
-        return self.get("bootstrap_servers", self.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+            return str(self.values["bootstrap_servers"])
+        return str(self.get("bootstrap_servers", self.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")))
 
     # -- declared ---------------------------------------------------------------------------------
 
     def bind(self, topology: str, declared: Iterable[Setting], prefixes: Iterable[str] = (),
-             validate: Callable[[dict], None] | None = None) -> "Settings":
+             validate: Callable[[dict[str, Any]], None] | None = None) -> "Settings":
         """Check and parse every setting of ``topology``; raise ConfigError on the first
         unknown name or bad value. ``prefixes``: names starting with them pass through
         (client properties such as ``kafka.socket.keepalive.enable``)."""
@@ -220,7 +220,7 @@ class Settings:
         kind = "bool" if isinstance(default, bool) else "int" if isinstance(default, int) else "float"
         return Setting(name, kind, default, "").parse(raw, source)
 
-    def describe(self) -> list[dict]:
+    def describe(self) -> list[dict[str, Any]]:
         """One row per declared setting: name, kind, default, current value and its source."""
         rows = []
         for name, spec in self.declared.items():
@@ -234,7 +234,7 @@ class Settings:
         return rows
 
 
-def require_order(values: dict, low: str, high: str, lo_bound: float | None = None,
+def require_order(values: dict[str, Any], low: str, high: str, lo_bound: float | None = None,
                   hi_bound: float | None = None) -> None:
     """``lo_bound <= values[low] < values[high] <= hi_bound``, as one clear error."""
     lo, hi = values[low], values[high]
@@ -354,7 +354,7 @@ COMMON: list[Setting] = [
 _COMMON_SPECS = {s.name: s for s in COMMON if not callable(s.default)}
 
 
-def setting(settings, name: str) -> Any:
+def setting(settings: Settings, name: str) -> Any:
     """A setting of ``COMMON`` (those every topology and both runtimes take), parsed and
     checked by its declaration, with its declared default: the one place the runtimes read
     those settings from, bound ``Settings`` or not (an unbound ``Settings``, as in tests

@@ -32,7 +32,7 @@ from grudge_stream.exceptions import ConfigError
 SECRET_MIN, SECRET_MAX = 32, 512
 
 
-def _canonical(body: dict) -> bytes:
+def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
@@ -84,18 +84,18 @@ class SigningKeys:
         path = setting(settings, "signing_keys_file")
         return cls.from_file(path) if path else None
 
-    def _mac(self, secret: bytes, kind: str, key: bytes, body: dict, signer: str) -> str:
+    def _mac(self, secret: bytes, kind: str, key: bytes, body: dict[str, Any], signer: str) -> str:
         msg = b"grudge-stream signed entry v1\x00" + kind.encode() + b"\x00" + key + b"\x00" + \
             signer.encode("utf-8") + b"\x00" + _canonical(body)
         return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
-    def sign(self, kind: str, key: bytes, body: dict) -> bytes:
+    def sign(self, kind: str, key: bytes, body: dict[str, Any]) -> bytes:
         """``body`` with ``signer`` and ``mac`` added, as the record value."""
         clean = {k: v for k, v in body.items() if k not in ("signer", "mac")}
         mac = self._mac(self._keys[self.signer], kind, key, clean, self.signer)
         return _canonical({**clean, "signer": self.signer, "mac": mac})
 
-    def verify(self, kind: str, key: bytes | None, value: bytes | None) -> tuple[dict, str]:
+    def verify(self, kind: str, key: bytes | None, value: bytes | None) -> tuple[dict[str, Any], str]:
         """``(body, signer)`` of a valid signed entry; ValueError with the reason otherwise."""
         if key is None:
             raise ValueError("no record key")

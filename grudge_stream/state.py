@@ -37,16 +37,25 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
 from grudge_stream.checkpoint import SnapshotWrite
 from grudge_stream.exceptions import ConfigError, GrudgeError
 from grudge_stream.hashkey import HashKey
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.codec import EventCodec
+from grudge_stream.operators.dedup import DedupOperator
+from grudge_stream.operators.heavy import HeavyHitterOperator
+from grudge_stream.operators.ratelimit import RateLimitOperator
+from grudge_stream.operators.scores import FeedbackScoreOperator
 from grudge_stream.operators.records import OutputRecord
 from grudge_stream.settings import Settings
 from grudge_stream.topology import Topology
+
+if TYPE_CHECKING:
+    from grudge_stream.runtime.embedded import EmbeddedCore
+
+OpT = TypeVar("OpT", bound=Operator)
 
 __all__ = [
     "SketchState", "ScoreState", "RateLimitState", "HeavyHitterState", "ForgettingSetState",
@@ -79,7 +88,7 @@ def _int_arg(name: str, v: Any) -> int:
     return v
 
 
-class SketchState:
+class SketchState(Generic[OpT]):
     """Sketch-backed state of one source topic, one operator per partition (see the module
     docstring). Build one of the kinds below rather than this base.
 
@@ -105,7 +114,7 @@ class SketchState:
 
     kind = "state"
 
-    def __init__(self, name: str, *, source_topic: str, make_operator: Callable[[int], Operator],
+    def __init__(self, name: str, *, source_topic: str, make_operator: Callable[[int], OpT],
                  operator_id: str, outputs: Mapping[str, str | None],
                  snapshot_topic: str | None = None, dead_letter_topic: str | None = None,
                  bootstrap_servers: str | None = None, client_config: Mapping[str, Any] | None = None,
@@ -130,7 +139,7 @@ class SketchState:
         self._settings = settings or Settings()
         self._bootstrap = bootstrap_servers
         self._client_config = dict(client_config or {})
-        self.core: Any = None
+        self.core: EmbeddedCore | None = None
         self._follower: Any = None
         # Restores and start-up run in a runtime's executor threads and, on first use, on its
         # event loop: one at a time.
@@ -158,7 +167,7 @@ class SketchState:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self, *, create_topics: bool = True) -> "SketchState":
+    def start(self, *, create_topics: bool = True) -> "SketchState[OpT]":
         """Connect (blocking): create the snapshot and output topics if missing (with the
         source's partition count), and the producer and snapshot store."""
         from grudge_stream.runtime.embedded import EmbeddedCore, ensure_topics
@@ -180,7 +189,7 @@ class SketchState:
             self.core = core
         return self
 
-    def _core(self):
+    def _core(self) -> EmbeddedCore:
         if self.core is None:
             raise StateNotReady(f"state {self.name!r} is not started: call start() (or attach it to a "
                                 "Faust app, which starts it) before using it")
@@ -209,7 +218,7 @@ class SketchState:
         """The partitions this state holds restored."""
         return sorted(self.core.slots) if self.core is not None else []
 
-    def operator(self, partition: int) -> Operator:
+    def operator(self, partition: int) -> OpT:
         """The operator (sketch and latch) of an assigned partition."""
         core = self.core
         slot = core.slots.get(partition) if core is not None else None
@@ -223,7 +232,7 @@ class SketchState:
                 f"state {self.name!r} holds no restored partition {partition} of {self.source_topic!r} "
                 f"(held: {sorted(core.slots)}); it is used before its partition was assigned "
                 "and restored, or after it was revoked")
-        return slot.operator
+        return cast(OpT, slot.operator)
 
     def take_snapshots(self, positions: Mapping[int, int] | None = None) -> list[SnapshotWrite]:
         """The snapshots of every partition changed since its last one, serialized now (call
@@ -288,7 +297,8 @@ class SketchState:
 
     # -- per event ------------------------------------------------------------------------------
 
-    def _position(self, partition, offset, timestamp_ms) -> tuple[int, int, int]:
+    def _position(self, partition: int | None, offset: int | None, timestamp_ms: int | None
+                  ) -> tuple[int, int, int]:
         if partition is None and offset is None and timestamp_ms is None:
             if self.current_position is None:
                 raise TypeError("partition, offset and timestamp_ms are required outside a Faust agent")
@@ -309,13 +319,13 @@ class SketchState:
         if out is None:
             return None
         if out:
-            self.core.publish(out)
+            self._core().publish(out)
         return op.result
 
     def apply_many(self, events: Iterable[tuple[Any, Any, int, int, int]]) -> list[Any]:
         """``apply`` over ``(key, value, partition, offset, timestamp_ms)`` tuples, outputs
         published once for the batch; the results in order."""
-        results = []
+        results: list[Any] = []
         outputs: list[OutputRecord] = []
         for key, value, p, o, t in events:
             op = self.operator(_int_arg("partition", p))
@@ -327,17 +337,20 @@ class SketchState:
             outputs.extend(out)
             results.append(op.result)
         if outputs:
-            self.core.publish(outputs)
+            self._core().publish(outputs)
         return results
 
-    def describe(self, key: Any, partition: int, debug: bool = False) -> dict:
+    def describe(self, key: Any, partition: int, debug: bool = False) -> dict[str, Any]:
         """The key's current state in ``partition`` (score, raised, ...), read at the
         partition's watermark without changing anything; ``debug`` adds the per-level reads
         and cell indexes (``detail``, docs/serving.md: never hand them to the public)."""
-        return self.operator(partition).describe_key(_key_bytes(key), debug)
+        describe_key = getattr(self.operator(partition), "describe_key", None)
+        if describe_key is None:
+            raise TypeError(f"{self.kind} state answers no per-key reads")
+        return cast("dict[str, Any]", describe_key(_key_bytes(key), debug))
 
 
-class ScoreState(SketchState):
+class ScoreState(SketchState[FeedbackScoreOperator]):
     """Decaying feedback scores per key (``ScoreSketch``; ``score_mode="split"``: punishment
     and forgiveness apart, so colliding keys' forgiveness cannot hide an abuser), with an
     alert latch: a key is raised at ``raise_at`` and cleared at ``clear_at``.
@@ -355,17 +368,16 @@ class ScoreState(SketchState):
                  sweep_interval_ms: int = 10_000, max_future_ms: int | str | None = "auto",
                  max_late_ms: int | str | None = "auto", public_keys: bool = True, **kw: Any) -> None:
         from grudge_stream.operators.alerts import LATCH_CAPACITY
-        from grudge_stream.operators.scores import FeedbackScoreOperator
-
         common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
         codec = EventCodec(value_field="delta")
-        policy = dict(raise_at=raise_at, clear_at=clear_at, emit_scores=emit_scores, score_mode=score_mode,
-                      latch_capacity=LATCH_CAPACITY if latch_capacity is None else latch_capacity,
-                      sweep_interval_ms=sweep_interval_ms)
+        capacity = LATCH_CAPACITY if latch_capacity is None else latch_capacity
 
         def make_operator(partition: int) -> FeedbackScoreOperator:
             return FeedbackScoreOperator(operator_id=name, source_topic=source_topic, partition=partition,
-                                         sketch=sketch, codec=codec, **policy, **common)
+                                         sketch=sketch, codec=codec, raise_at=raise_at, clear_at=clear_at,
+                                         emit_scores=emit_scores, score_mode=score_mode,
+                                         latch_capacity=capacity, sweep_interval_ms=sweep_interval_ms,
+                                         **common)
 
         _check_config(make_operator)
         alerts = alerts_topic or f"{name}-alerts"
@@ -376,7 +388,8 @@ class ScoreState(SketchState):
                timestamp_ms: int | None = None) -> float | None:
         """Add ``delta`` to ``key``'s score at the event's time; the new score (None: the
         event was already reflected, or refused for its time)."""
-        return self.apply(key, delta, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+        result = self.apply(key, delta, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+        return None if result is None else float(result)
 
     def score(self, key: Any, partition: int) -> float:
         return float(self.describe(key, partition)["score"])
@@ -385,7 +398,7 @@ class ScoreState(SketchState):
         return _key_bytes(key) in self.operator(partition).latch
 
 
-class RateLimitState(SketchState):
+class RateLimitState(SketchState[RateLimitOperator]):
     """Token buckets per key (``TokenBucketConfig``: ``rate_per_s``, ``burst``):
     ``try_update(key, cost)`` spends ``cost`` tokens if the key has them and returns
     ``(allowed, retry_after_ms)``. Decisions go to ``decisions_topic`` if one is given."""
@@ -396,8 +409,6 @@ class RateLimitState(SketchState):
                  decisions_topic: str | None = None, emit: str = "all",
                  max_future_ms: int | str | None = "auto", max_late_ms: int | str | None = "auto",
                  public_keys: bool = True, **kw: Any) -> None:
-        from grudge_stream.operators.ratelimit import RateLimitOperator
-
         common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
         if kw.get("overrides") and not decisions_topic:
             raise ValueError("overrides: a rate limiter follows <decisions_topic>-overrides; give decisions_topic")
@@ -416,10 +427,11 @@ class RateLimitState(SketchState):
                    offset: int | None = None, timestamp_ms: int | None = None) -> tuple[bool, int | None] | None:
         """Spend ``cost`` tokens of ``key``'s bucket if it has them: ``(allowed,
         retry_after_ms)`` (None: the event was already reflected, or refused for its time)."""
-        return self.apply(key, cost, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+        return cast("tuple[bool, int | None] | None",
+                    self.apply(key, cost, partition=partition, offset=offset, timestamp_ms=timestamp_ms))
 
 
-class HeavyHitterState(SketchState):
+class HeavyHitterState(SketchState[HeavyHitterOperator]):
     """Decayed counts per key (``DecayingCountMin``, ``CountMinConfig``) with top-k and an
     alert latch on the estimate: ``add(key, count)`` returns the key's estimate."""
 
@@ -430,8 +442,6 @@ class HeavyHitterState(SketchState):
                  reports_topic: str | None = None, report_interval_ms: int = 10_000,
                  max_future_ms: int | str | None = "auto", max_late_ms: int | str | None = "auto",
                  public_keys: bool = True, **kw: Any) -> None:
-        from grudge_stream.operators.heavy import HeavyHitterOperator
-
         common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
         codec = EventCodec(value_field="count")
 
@@ -460,7 +470,7 @@ class HeavyHitterState(SketchState):
         return [(key, int(est)) for key, est in op.sketch.top(k or op.top_k, now_ms=op.watermark)]
 
 
-class ForgettingSetState(SketchState):
+class ForgettingSetState(SketchState[DedupOperator]):
     """A set that forgets (``ForgettingBloom``, ``BloomConfig``): ``add_if_absent(key)``
     returns True the first time a key is seen inside the window (false positives
     possible: a new key may be taken for a known one, at the configured rate)."""
@@ -470,8 +480,6 @@ class ForgettingSetState(SketchState):
     def __init__(self, name: str, *, source_topic: str, bloom: Any, hash_key: HashKey | None,
                  max_future_ms: int | str | None = "auto", max_late_ms: int | str | None = "auto",
                  public_keys: bool = True, **kw: Any) -> None:
-        from grudge_stream.operators.dedup import DedupOperator
-
         common = _common(name, source_topic, hash_key, public_keys, max_future_ms, max_late_ms)
         codec = EventCodec(encoding="raw")
 
@@ -486,14 +494,15 @@ class ForgettingSetState(SketchState):
     def add_if_absent(self, key: Any, *, partition: int | None = None, offset: int | None = None,
                       timestamp_ms: int | None = None) -> bool | None:
         """Add ``key``; True if it was not in the set (None: the event was already reflected)."""
-        return self.apply(key, None, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+        result = self.apply(key, None, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
+        return None if result is None else bool(result)
 
     def contains(self, key: Any, partition: int) -> bool:
         return bool(self.describe(key, partition)["seen"])
 
 
-def _common(name: str, source_topic: str, hash_key: HashKey | None, public_keys: bool, max_future_ms,
-            max_late_ms) -> dict:
+def _common(name: str, source_topic: str, hash_key: HashKey | None, public_keys: bool,
+            max_future_ms: int | str | None, max_late_ms: int | str | None) -> dict[str, Any]:
     """The operator arguments every kind takes, checked before anything is built."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, not {name!r}")

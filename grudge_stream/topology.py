@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from types import ModuleType
+from typing import Any, Callable
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
@@ -26,7 +27,7 @@ __all__ = ["Settings", "Topology", "load_topology", "topology_names", "operator_
 RESTORE_FALLBACKS = ("replay", "fail")
 
 
-def operator_settings(settings: Settings, topology: str, hashed: bool = True) -> dict:
+def operator_settings(settings: Settings, topology: str, hashed: bool = True) -> dict[str, Any]:
     """The settings every operator takes (docs/runtime.md): event-time bounds and their
     policies, and the secret hash key (required; see grudge_stream.hashkey). ``hashed=False``:
     an operator that hashes no public key into a sketch (``heavy_global``) takes none."""
@@ -39,7 +40,7 @@ def operator_settings(settings: Settings, topology: str, hashed: bool = True) ->
     }
 
 
-def codec_settings(settings: Settings) -> dict:
+def codec_settings(settings: Settings) -> dict[str, Any]:
     """Key checks every codec applies: ``max_key_bytes`` (1024: longer keys are
     dead-lettered) and ``allow_empty_keys`` (false: empty keys are dead-lettered)."""
     return {"max_key_bytes": setting(settings, "max_key_bytes"),
@@ -58,7 +59,7 @@ class Topology:
     checkpoint_interval_s: float = 5.0
     restore_fallback: str = "replay"
     description: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     app_id: str = ""  # consumer group / Faust app id; "" = grudge-<operator_id>-<source_topic>
     reset_state: bool = False  # adopt changed state-shaping settings by replaying (docs/runtime.md)
     # Manual allow / deny entries (grudge_stream.overrides); "" = derived from the alerts (or
@@ -100,7 +101,7 @@ def topology_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(shipped.__path__) if not m.name.startswith("_"))
 
 
-def _import_from_cwd(modname: str):
+def _import_from_cwd(modname: str) -> ModuleType | None:
     """Import ``modname``, looking in the working directory as well when it is not
     importable (as ``python -m`` would), so ``worker mytopos.fraud`` works from the
     directory holding ``mytopos/``. Returns None when the module itself is missing."""
@@ -112,22 +113,22 @@ def _import_from_cwd(modname: str):
             if not (modname == missing or modname.startswith(missing + ".")):
                 raise  # the module exists but imports something missing: show that
         cwd = os.getcwd()
-        if attempt or cwd in sys.path:
+        if attempt or cwd in sys.path or modname.startswith(SHIPPED_PACKAGE + "."):
             return None
         sys.path.append(cwd)
     return None
 
 
-def load_topology_module(name: str):
+def load_topology_module(name: str) -> ModuleType:
     """A shipped topology's name (``rate_limit``), a dotted module path
     (``mytopos.fraud``), or a ``.py`` file."""
     if name.endswith(".py") or os.sep in name:
         spec = importlib.util.spec_from_file_location(f"grudge_topology_{abs(hash(name))}", name)
         if spec is None or spec.loader is None or not os.path.isfile(name):
             raise ConfigError(f"cannot load topology file {name!r}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        from_file = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(from_file)
+        return from_file
     modname = name if "." in name else f"{SHIPPED_PACKAGE}.{name}"
     module = _import_from_cwd(modname)
     if module is None and name.startswith("topologies."):
@@ -149,7 +150,7 @@ def topology_short_name(name: str) -> str:
     return (base[:-3] if base.endswith(".py") else base).rsplit(".", 1)[-1]
 
 
-def bind_settings(module, name: str, settings: Settings) -> Settings:
+def bind_settings(module: ModuleType, name: str, settings: Settings) -> Settings:
     """Declare the module's settings (``SETTINGS`` and ``validate``, plus ``COMMON``) on
     ``settings``, checking every given name and value."""
     declared = getattr(module, "SETTINGS", None)
@@ -171,6 +172,9 @@ def load_topology(name: str, settings: Settings | None = None) -> Topology:
         raise ConfigError(f"topology module {module.__name__!r} has no build(settings) function")
     bind_settings(module, name, settings)
     topology = build(settings)
+    if not isinstance(topology, Topology):
+        raise ConfigError(f"topology module {module.__name__!r}: build(settings) returned "
+                          f"{type(topology).__name__}, not a Topology")
     app_id = settings.get("app_id", None)
     if app_id:
         topology.app_id = app_id

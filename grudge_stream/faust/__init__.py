@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import faust
+
 from grudge_stream.runtime.faust import FaustStates, attach
 from grudge_stream.state import (
     ForgettingSetState,
@@ -53,26 +55,26 @@ def _topic_name(source: Any) -> str:
         return source
     names = getattr(source, "topics", None)
     if names and len(names) == 1:
-        return names[0]
+        return str(names[0])
     raise TypeError("source must be a topic name or a Faust topic of exactly one topic, "
                     f"not {source!r}")
 
 
-def scores(app, name: str, *, source: Any, **kw: Any) -> ScoreState:
+def scores(app: faust.App, name: str, *, source: Any, **kw: Any) -> ScoreState:
     """A ``ScoreState`` (decaying scores with alerts) of ``source``, attached to ``app``."""
     return attach(app, ScoreState(name, source_topic=_topic_name(source), **kw))
 
 
-def rate_limiter(app, name: str, *, source: Any, **kw: Any) -> RateLimitState:
+def rate_limiter(app: faust.App, name: str, *, source: Any, **kw: Any) -> RateLimitState:
     """A ``RateLimitState`` (token buckets) of ``source``, attached to ``app``."""
     return attach(app, RateLimitState(name, source_topic=_topic_name(source), **kw))
 
 
-def heavy_hitters(app, name: str, *, source: Any, **kw: Any) -> HeavyHitterState:
+def heavy_hitters(app: faust.App, name: str, *, source: Any, **kw: Any) -> HeavyHitterState:
     """A ``HeavyHitterState`` (decayed counts, top-k, alerts) of ``source``, attached to ``app``."""
     return attach(app, HeavyHitterState(name, source_topic=_topic_name(source), **kw))
 
 
-def forgetting_set(app, name: str, *, source: Any, **kw: Any) -> ForgettingSetState:
+def forgetting_set(app: faust.App, name: str, *, source: Any, **kw: Any) -> ForgettingSetState:
     """A ``ForgettingSetState`` (a set that forgets) of ``source``, attached to ``app``."""
     return attach(app, ForgettingSetState(name, source_topic=_topic_name(source), **kw))

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -53,6 +53,9 @@ from grudge_stream.settings import setting
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
+
+if TYPE_CHECKING:
+    from grudge_stream.state import SketchState
 
 log = logging.getLogger("grudge_stream.faust")
 
@@ -876,7 +879,10 @@ def _install_consumer(app: faust.App) -> None:
     app._new_transport = lambda: mixed(new_transport())  # type: ignore[method-assign]
 
 
-def attach(app: faust.App, state):
+StateT = TypeVar("StateT", bound="SketchState[Any]")
+
+
+def attach(app: faust.App, state: StateT) -> StateT:
     """Attach ``state`` (a ``grudge_stream.state.SketchState``) to ``app``; returns it."""
     states = getattr(app, "grudge_states", None)
     if states is None:

@@ -36,7 +36,7 @@ def check_hasher(value: object) -> str:
     return str(value)
 
 
-def config_fields(cls: Any, conf: Any, what: str) -> dict:
+def config_fields(cls: Any, conf: Any, what: str) -> dict[str, Any]:
     """``conf`` (a mapping of a config class's fields) as a dict, checked: no unknown field,
     every field without a default present. Shared by the config classes' ``of``."""
     if not isinstance(conf, Mapping):
@@ -64,7 +64,7 @@ class ConfigOf:
     __slots__ = ()
     built: ClassVar[str] = ""
 
-    def kwargs(self) -> dict:
+    def kwargs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     @classmethod
@@ -74,5 +74,5 @@ class ConfigOf:
         return cls(**cls._from_dict(config_fields(cls, conf, cls.built)))
 
     @classmethod
-    def _from_dict(cls, d: dict) -> dict:
+    def _from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
         return d

@@ -7,7 +7,7 @@ holds its frozen config object and the sizing rule. See
 
 from __future__ import annotations
 
-from grudge_stream._cyext._bloom import ForgettingBloom
+from grudge_stream._cyext._bloom import ForgettingBloom as ForgettingBloom
 from grudge_stream.sketches import bloom_config as _config
 from grudge_stream.sketches.bloom_config import *  # noqa: F401,F403 - the config and sizing, re-exported
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, ConfigOf, in_range
@@ -57,7 +57,7 @@ class BloomSizing(NamedTuple):
     fp_rate: float = 0.0
     generations: int = 2
 
-    def kwargs(self) -> dict:
+    def kwargs(self) -> dict[str, Any]:
         """The sized filter as ForgettingBloom constructor arguments."""
         return {"capacity": self.capacity, "fp_rate": self.fp_rate, "generations": self.generations}
 
@@ -136,5 +136,5 @@ class BloomConfig(ConfigOf):
     def sizing(self) -> BloomSizing:
         return self._sizing  # type: ignore[attr-defined, no-any-return]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,7 +7,7 @@ module holds its frozen config object and sizing helpers. See
 
 from __future__ import annotations
 
-from grudge_stream._cyext._countmin import DecayingCountMin
+from grudge_stream._cyext._countmin import DecayingCountMin as DecayingCountMin
 from grudge_stream.sketches import countmin_config as _config
 from grudge_stream.sketches.countmin_config import *  # noqa: F401,F403 - the config and sizing, re-exported
 

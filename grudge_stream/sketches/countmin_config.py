@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, ConfigOf, in_range
@@ -87,7 +87,7 @@ class CountMinConfig(ConfigOf):
         ):
             object.__setattr__(self, name, value)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
@@ -125,7 +125,7 @@ class CountMinSizing(NamedTuple):
     epsilon: float
     delta: float
 
-    def kwargs(self) -> dict:
+    def kwargs(self) -> dict[str, Any]:
         """The shape as DecayingCountMin constructor arguments."""
         return {"depth": self.depth, "width": self.width}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.sketches._validate import ConfigOf
@@ -87,7 +87,7 @@ class Decay:
 
         return decay_apply(self._code, self._param, float(score), int(dt_ms))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         raise NotImplementedError  # pragma: no cover
 
 
@@ -121,7 +121,7 @@ class Exponential(Decay):
     def half_life_s(self) -> float:
         return math.inf if self.lambda_per_s == 0 else math.log(2.0) / self.lambda_per_s
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "lambda_per_s": self.lambda_per_s}
 
 
@@ -144,7 +144,7 @@ class Linear(Decay):
     def _param(self) -> float:
         return self.rate_per_s
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "rate_per_s": self.rate_per_s}
 
 
@@ -155,7 +155,7 @@ class NoDecay(Decay):
     kind = "none"
     _code = DECAY_NONE
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind}
 
 
@@ -169,7 +169,7 @@ def decay_from_dict(d: Any) -> Decay:
     if not isinstance(d, dict):
         raise ConfigError("decay must be an object")
     kind = d.get("kind")
-    fields = {
+    fields: dict[str, tuple[set[str], Callable[[], Decay]]] = {
         "exponential": ({"kind", "lambda_per_s"}, lambda: Exponential(d["lambda_per_s"])),
         "linear": ({"kind", "rate_per_s"}, lambda: Linear(d["rate_per_s"])),
         "none": ({"kind"}, NoDecay),
@@ -261,7 +261,7 @@ class ScoreSketchConfig(ConfigOf):
             object.__setattr__(self, name, value)
 
     @classmethod
-    def _from_dict(cls, d: dict) -> dict:
+    def _from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
         if "decay" in d:  # its dict form (decay_from_dict)
             d["decay"] = decay_from_dict(d["decay"])
         return d
@@ -270,7 +270,7 @@ class ScoreSketchConfig(ConfigOf):
         """Bytes of the cell table: ``16 * levels * cells_per_level``."""
         return 16 * self.levels * self.cells_per_level
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "levels": self.levels,
             "cells_per_level": self.cells_per_level,
@@ -336,7 +336,7 @@ class RotatorConfig:
     def seed(self) -> int:
         return self.sketch.seed
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "generations": self.generations,
             "period_ms": self.period_ms,
@@ -369,7 +369,7 @@ class ScoreSizing(NamedTuple):
     memory_bytes: int
     collision_p: float
 
-    def kwargs(self) -> dict:
+    def kwargs(self) -> dict[str, Any]:
         """The shape as ScoreSketch / Rotator constructor arguments."""
         return {"levels": self.levels, "cells_per_level": self.cells_per_level}
 

@@ -73,7 +73,7 @@ class SplitScoreSketch:
     # -- identity -------------------------------------------------------------------------
 
     @property
-    def config(self) -> tuple:
+    def config(self) -> tuple[Any, float, float]:
         """(the halves' ScoreSketchConfig, lo, hi)."""
         return (self.pos.config, self.lo, self.hi)
 
@@ -124,13 +124,15 @@ class SplitScoreSketch:
 
     def update_and_query_many(self, keys: Any, deltas: Any, now_ms: Any = None) -> np.ndarray:
         """Apply each signed delta in order; the scores after each event."""
-        return split_apply(self.pos, self.neg, keys, deltas, now_ms, self.lo, self.hi)
+        scores = split_apply(self.pos, self.neg, keys, deltas, now_ms, self.lo, self.hi)
+        assert scores is not None  # want_scores defaults to true
+        return scores
 
     def update_many(self, keys: Any, deltas: Any, now_ms: Any = None) -> None:
         split_apply(self.pos, self.neg, keys, deltas, now_ms, self.lo, self.hi, False)
 
     def update_and_query(self, key: Any, delta: float, now_ms: int | None = None) -> float:
-        return float(split_apply(self.pos, self.neg, [key], delta, now_ms, self.lo, self.hi)[0])
+        return float(self.update_and_query_many([key], delta, now_ms)[0])
 
     def update(self, key: Any, delta: float, now_ms: int | None = None) -> None:
         split_apply(self.pos, self.neg, [key], delta, now_ms, self.lo, self.hi, False)
@@ -145,7 +147,7 @@ class SplitScoreSketch:
     def query(self, key: Any, now_ms: int | None = None) -> float:
         return float(self.query_many([key], now_ms)[0])
 
-    def query_detailed(self, key: Any, now_ms: int | None = None) -> dict:
+    def query_detailed(self, key: Any, now_ms: int | None = None) -> dict[str, Any]:
         """The score and each half's per-level read (punishment, forgiveness)."""
         if now_ms is None:
             now_ms = self.pos.clock.now_ms()
@@ -155,7 +157,7 @@ class SplitScoreSketch:
                 "punishment": list(p.level_scores), "forgiveness": list(f.level_scores),
                 "cell_indexes": list(p.cell_indexes)}
 
-    def peek_detailed(self, key: Any, now_ms: int) -> dict:
+    def peek_detailed(self, key: Any, now_ms: int) -> dict[str, Any]:
         """``query_detailed`` without writing anything (``ScoreSketch.peek_detailed``): one
         kernel read of both halves under both locks, so it never sees half of a batch."""
         score, p, f = split_peek(self.pos, self.neg, key, now_ms, self.lo, self.hi)

@@ -50,7 +50,8 @@ def test_the_shipped_topologies_are_modules_of_grudge_stream() -> None:
         assert load_topology_module(name).__name__ == f"grudge_stream.topologies.{name}"
 
 
-def test_the_wheel_installs_no_top_level_topologies_package() -> None:
+def test_the_wheel_installs_no_top_level_topologies_package(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # not a source tree, whose topologies/ would be found
     assert importlib.util.find_spec("topologies") is None
     files = importlib.metadata.files("grudge-stream") or []
     tops = {f.parts[0] for f in files if f.parts and not f.parts[0].endswith((".dist-info", ".data"))}
