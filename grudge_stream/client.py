@@ -31,7 +31,6 @@ Consistency: a view lags the workers by the output delivery and its poll
 reads committed records only, so it sees a raise once its checkpoint
 transaction commits.
 """
-from __future__ import annotations
 
 import asyncio
 import heapq
@@ -77,7 +76,7 @@ def _key_bytes(key: bytes | str) -> bytes:
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
 
 
-def topology_topics(name: str, settings: Settings | None = None) -> dict[str, str | None]:
+def topology_topics(name: str, settings: "Settings | None" = None) -> dict[str, str | None]:
     """``{"alert_state": ..., "overrides": ..., "alerts": ...}`` of a topology, from its
     settings (``--set`` / ``GRUDGE_*``), as its workers name them. The topology's secret
     hash key is not needed: a throw-away one stands in (the sketches are never used)."""
@@ -119,7 +118,7 @@ class AlertView:
         self.ready = threading.Event()
 
     @classmethod
-    def for_topology(cls, topology: str, settings: Settings | None = None, *,
+    def for_topology(cls, topology: str, settings: "Settings | None" = None, *,
                      bootstrap_servers: str | None = None, **kwargs: Any) -> "AlertView":
         """A view of a shipped (or dotted, or ``.py``) topology, topics named as its workers name them."""
         from grudge_stream.kafkaconf import client_config
