@@ -282,7 +282,20 @@ def _check_targets_exist(targets: dict[str, str], client_config: dict) -> None:
                           "(kafka-topics.sh, or grudge-stream topics with the same --set)")
 
 
-def _alert_line(state, change: str | None = None) -> str:
+def _alert_partition(state) -> int | None:
+    source = (state.alert or {}).get("source")
+    p = source.get("partition") if isinstance(source, dict) else None
+    return p if isinstance(p, int) and not isinstance(p, bool) else None
+
+
+def _watermark_age_s(marks: dict, partition: int | None) -> float | None:
+    """Seconds since the event time the partition's worker last reported (a quiet partition's
+    watermark, and so its bans, stand still); None when no worker reported one."""
+    w = marks.get(partition, (None, 0))[0] if partition is not None else None
+    return None if w is None else time.time() - w / 1000
+
+
+def _alert_line(state, change: str | None = None, marks: dict | None = None) -> str:
     key = state.key.decode("utf-8", "backslashreplace")
     a = state.alert or {}
     parts = [change or "raised", key]
@@ -290,6 +303,12 @@ def _alert_line(state, change: str | None = None) -> str:
         parts.append(f"score={a['score']:.4g}")
     if a.get("event_time_ms") is not None:
         parts.append("since=" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(a["event_time_ms"] / 1000)))
+    partition = _alert_partition(state)
+    if partition is not None:
+        parts.append(f"partition={partition}")
+        if marks is not None:
+            age = _watermark_age_s(marks, partition)
+            parts.append("watermark_age=" + ("?" if age is None else f"{age:.0f}s"))
     if state.override is not None:
         exp = state.override.expires_ms
         parts.append(f"override={state.override.action}" + (
@@ -297,11 +316,14 @@ def _alert_line(state, change: str | None = None) -> str:
     return "  ".join(parts)
 
 
-def _alert_json(state, change: str | None = None) -> str:
+def _alert_json(state, change: str | None = None, marks: dict | None = None) -> str:
     from grudge_stream.operators.records import key_fields
 
     body = {**key_fields(state.key), "raised": state.raised, "reason": state.reason, "alert": state.alert,
             "override": None if state.override is None else state.override._asdict()}
+    if marks is not None:
+        partition = _alert_partition(state)
+        body["watermark_ms"] = marks.get(partition, (None, 0))[0] if partition is not None else None
     if change is not None:
         body["change"] = change
     return json.dumps(body, separators=(",", ":"))
@@ -326,14 +348,26 @@ def cmd_alerts(args: argparse.Namespace) -> int:
                                   on_raise=show("raised"), on_clear=show("cleared"))
     view.start(timeout_s=args.timeout)
     try:
+        # The workers' watermarks (their members records): a ban on a quiet partition is lifted
+        # only when a later event moves that partition's event time (docs/runtime.md).
+        from grudge_stream.serving import read_watermarks
+        from grudge_stream.signing import SigningKeys
+
+        app_id = view.app_id or ""
+        marks = read_watermarks(settings.bootstrap_servers, app_id, client_config=conf,
+                                signing=SigningKeys.from_settings(settings), timeout_s=min(args.timeout, 10.0))
         with lock:
             current = sorted(view.raised().values(), key=lambda s: s.key)
             for state in current:
-                print(fmt(state), flush=True)
+                print(fmt(state, None, marks), flush=True)
             if not args.json:
                 print(f"# {len(current)} raised ({view.state_topic}"
                       + (f", overrides {view.overrides_topic}" if view.overrides_topic else "") + ")",
                       file=sys.stderr, flush=True)
+                ages = {p: _watermark_age_s(marks, p) for p in sorted(marks)}
+                print("# watermark age by partition: " + (" ".join(
+                    f"{p}={'?' if a is None else f'{a:.0f}s'}" for p, a in ages.items())
+                    or f"unknown (no worker record on {app_id}-members)"), file=sys.stderr, flush=True)
         if args.follow:
             stop = threading.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):

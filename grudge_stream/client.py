@@ -77,8 +77,8 @@ def _key_bytes(key: bytes | str) -> bytes:
 
 
 def topology_topics(name: str, settings: "Settings | None" = None) -> dict[str, str | None]:
-    """``{"alert_state": ..., "overrides": ..., "alerts": ...}`` of a topology, from its
-    settings (``--set`` / ``GRUDGE_*``), as its workers name them. The topology's secret
+    """``{"alert_state": ..., "overrides": ..., "alerts": ..., "app_id": ...}`` of a
+    topology, from its settings (``--set`` / ``GRUDGE_*``), as its workers name them. The topology's secret
     hash key is not needed: a throw-away one stands in (the sketches are never used)."""
     from grudge_stream.topology import Settings, load_topology
 
@@ -88,7 +88,8 @@ def topology_topics(name: str, settings: "Settings | None" = None) -> dict[str, 
         settings.overrides["seed"] = secrets.token_hex(16)
     topology = load_topology(name, settings)
     return {"alert_state": topology.outputs.get("alert_state"), "overrides": topology.overrides_topic,
-            "alerts": topology.outputs.get("alerts"), "bootstrap_servers": settings.bootstrap_servers}
+            "alerts": topology.outputs.get("alerts"), "bootstrap_servers": settings.bootstrap_servers,
+            "app_id": topology.app_id}
 
 
 class AlertView:
@@ -116,6 +117,7 @@ class AlertView:
         self._follower = TopicFollower(bootstrap_servers, topics, self._handle, client_config=client_config,
                                        tick=self._tick, name="grudge-alert-view")
         self.ready = threading.Event()
+        self.app_id: str | None = None  # the deployment's, when built by for_topology
 
     @classmethod
     def for_topology(cls, topology: str, settings: "Settings | None" = None, *,
@@ -135,7 +137,9 @@ class AlertView:
             from grudge_stream.signing import SigningKeys
 
             kwargs["signing"] = SigningKeys.from_settings(settings)
-        return cls(settings.bootstrap_servers, topics["alert_state"], topics["overrides"], **kwargs)
+        view = cls(settings.bootstrap_servers, topics["alert_state"], topics["overrides"], **kwargs)
+        view.app_id = topics["app_id"]
+        return view
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -232,12 +232,16 @@ class MembersDirectory:
         self._thread.start()
         return self
 
-    def publish(self, partitions: Iterable[int], partition_count: int | None = None) -> None:
-        """This worker's record: call on every assignment change (never blocks on the broker)."""
+    def publish(self, partitions: Iterable[int], partition_count: int | None = None,
+                watermarks: dict[int, int | None] | None = None) -> None:
+        """This worker's record: call on every assignment change (never blocks on the broker).
+        ``watermarks``: each held partition's event-time watermark, which ``grudge-stream
+        alerts`` shows the age of (a quiet partition's bans stand still with it)."""
         if self._producer is None:
             return
         rec = {"member": self.member_id, "url": self.url, "partitions": sorted(partitions),
                "partition_count": partition_count, "runtime": self.runtime, "source_topic": self.source_topic,
+               "watermarks": {str(p): w for p, w in sorted((watermarks or {}).items())},
                "host": socket.gethostname(), "pid": os.getpid(), "timestamp_ms": time.time_ns() // 1_000_000}
         value = self._encode(rec)
         self._apply(self.member_id.encode(), value)  # our own view at once
@@ -340,6 +344,33 @@ class MembersDirectory:
                 if rec.get("partition_count"):
                     return int(rec["partition_count"])
         return None
+
+
+def read_watermarks(bootstrap: str, app_id: str, *, client_config: dict | None = None, signing: Any = None,
+                    timeout_s: float = 10.0) -> dict[int, tuple[int | None, int]]:
+    """Per partition, ``(watermark_ms, published_ms)`` from the newest members record of
+    ``<app_id>-members`` claiming it (records that do not verify are ignored when ``signing``
+    is given); empty when the topic cannot be read to its end within ``timeout_s``."""
+    from grudge_stream.follow import TopicFollower
+
+    directory = MembersDirectory(bootstrap, app_id, "", "", client_config=client_config, signing=signing)
+    follower = TopicFollower(bootstrap, [directory.topic],
+                             lambda _t, k, v: None if k is None else directory._apply(k, v),
+                             client_config=client_config, name="grudge-watermarks").start()
+    try:
+        if not follower.wait_caught_up(timeout_s):
+            return {}
+    finally:
+        follower.stop()
+    out: dict[int, tuple[int | None, int]] = {}
+    for rec in directory.members.values():
+        published = int(rec.get("timestamp_ms") or 0)
+        marks = rec.get("watermarks") or {}
+        for p in rec.get("partitions") or ():
+            if str(p) in marks and (p not in out or published > out[p][1]):
+                w = marks[str(p)]
+                out[int(p)] = (None if w is None else int(w), published)
+    return out
 
 
 # -- queries ----------------------------------------------------------------------------------------

@@ -59,6 +59,9 @@ __all__ = ["FAST_CONSUMER", "CheckpointCadence", "Transaction", "WorkerCore", "g
 
 # A failed periodic checkpoint round is logged at most this often.
 FAILURE_LOG_INTERVAL_S = 10.0
+# How often a worker republishes its members record (with its partitions' watermarks) from
+# its loop; assignment changes publish at once.
+MEMBERS_REFRESH_S = 10.0
 # Consumer lag is recorded at most this often.
 LAG_INTERVAL_S = 1.0
 
@@ -218,6 +221,8 @@ class WorkerCore:
         # Live score queries (grudge_stream.serving): answered from a restored slot, or
         # forwarded to the owner the members directory names (``start_members``).
         self.members: MembersDirectory | None = None
+        self._members_published = 0.0  # monotonic time of the last members record
+        self._published_marks: dict[int, int | None] = {}  # the watermarks it carried
         self.partitioner_check = PartitionerCheck(settings.get("key_partitioner", "murmur2"), self.topic,
                                                   self.metrics)
         self.signing = SigningKeys.from_settings(settings)  # signed members records (grudge_stream.signing)
@@ -394,10 +399,18 @@ class WorkerCore:
         return sorted(p for p, r in report.items() if r["replay_records"])
 
     def record_replay(self) -> None:
+        """Once a second from each runtime's loop: the restore-replay gauges, and the members
+        record's refresh."""
         now = time.monotonic()
         if now - self._replay_recorded < 1.0:
             return
         self._replay_recorded = now
+        # The members record carries the watermarks `grudge-stream alerts` shows: refreshed
+        # now and then, and at once when a partition got its first one.
+        if now - self._members_published >= MEMBERS_REFRESH_S or any(
+                slot.operator.watermark is not None and self._published_marks.get(p) is None
+                for p, slot in list(self.slots.items())):
+            self.publish_members()
         m, op_id = self.metrics, self.topology.operator_id
         report = self.replay_report()
         exceeded = set(self.budget_exceeded(report))
@@ -564,4 +577,8 @@ class WorkerCore:
         if self.members is not None:
             # (Also called from the thread that starts the directory: copy first.)
             assigned = set(self.assigned)
-            self.members.publish([p for p in list(self.slots) if p in assigned], self.partition_count)
+            held = {p: slot for p, slot in list(self.slots.items()) if p in assigned}
+            marks = {p: slot.operator.watermark for p, slot in held.items()}
+            self.members.publish(list(held), self.partition_count, watermarks=marks)
+            self._members_published = time.monotonic()
+            self._published_marks = marks

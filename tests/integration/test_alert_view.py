@@ -141,6 +141,21 @@ def test_overrides_reach_views_at_once_and_workers_at_the_next_event(harness, tm
         shown = {json.loads(line)["key"] for line in lines}
         assert shown == {k.decode() for k in view.raised()}
         assert "mallory" in shown
+        # With each key's partition and that partition's watermark, as the worker last
+        # published it on its members record (a quiet partition's bans stand still with it).
+        now_ms = time.time() * 1000
+        for line in lines:
+            rec = json.loads(line)
+            assert rec["alert"] is None or isinstance(rec["watermark_ms"], int), rec
+            if rec["alert"] is not None:
+                assert now_ms - 600_000 < rec["watermark_ms"] <= now_ms + 1000, rec
+        text = subprocess.run([c for c in cmd if c != "--json"], check=True, capture_output=True, text=True,
+                              timeout=60, cwd=str(tmp_path))
+        mallory = next(line for line in text.stdout.splitlines() if " mallory " in f" {line} ")
+        age = int(mallory.split("watermark_age=")[1].split("s")[0])
+        assert 0 <= age < 600 and "partition=" in mallory, mallory
+        ages = text.stderr.split("# watermark age by partition: ")[1].splitlines()[0].split()
+        assert len(ages) == 2 and all(a.endswith("s") for a in ages), text.stderr
     finally:
         view.stop()
         assert worker.stop() == 0, worker.log()[-3000:]
