@@ -129,7 +129,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from grudge_stream.topics import ensure_topology_topics, topic_replication, wait_for_cluster
+    from grudge_stream.topics import ensure_topology_topics, source_topic_config, topic_replication, wait_for_cluster
 
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
@@ -155,7 +155,30 @@ def cmd_topics(args: argparse.Namespace) -> int:
           f"snapshots {topology.snapshot_topic}")
     for name, (parts, replicas) in sorted(topic_replication(settings.bootstrap_servers, names, conf).items()):
         print(f"  {name}: {parts} partitions, replication {replicas} ({'exists' if name in before else 'created'})")
+    created_source = rp.source_topic if rp is not None else topology.source_topic
+    if created_source not in before:
+        bounds = source_topic_config(topology)
+        if bounds:
+            print(_time_bounds_line(created_source, bounds))
     return 0
+
+
+def _time_bounds_line(topic: str, bounds: dict[str, str]) -> str:
+    """What the source topic's broker-side timestamp bounds mean to its producers."""
+    def span(ms: str) -> str:
+        s = int(ms) / 1000
+        return f"{s / 3600:.3g} h" if s >= 3600 else f"{s / 60:.3g} min" if s >= 60 else f"{s:.3g} s"
+
+    window = []
+    if "message.timestamp.before.max.ms" in bounds:
+        window.append(f"up to {span(bounds['message.timestamp.before.max.ms'])} old")
+    if "message.timestamp.after.max.ms" in bounds:
+        window.append(f"up to {span(bounds['message.timestamp.after.max.ms'])} ahead")
+    return (f"  {topic} takes event times {' and '.join(window)} of the broker's clock "
+            "(message.timestamp.before/after.max.ms, from max_late_ms / max_future_ms); a producer "
+            "sending a record outside them gets INVALID_TIMESTAMP ('Broker: Invalid timestamp'), and so "
+            "do the other records of its batch. "
+            "Older history goes to a topic without these bounds (docs/runtime.md, 'Event time under attack')")
 
 
 def _topology_topic_names(topology) -> list[str]:

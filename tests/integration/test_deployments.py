@@ -47,3 +47,33 @@ def test_a_second_deployment_on_another_source_topic_is_refused_in_one_line(harn
     own = {k: f"{v}-2" for k, v in h.overrides.items() if k.endswith("_topic")}
     r = _cli(h, "topics", own)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_topics_states_the_source_time_bounds_the_broker_enforces(harness) -> None:
+    """A source topic created by `topics` refuses records stamped outside the operator's
+    event-time bounds; `topics` says so, naming the error producers will see."""
+    import time
+
+    from confluent_kafka import KafkaError, Producer
+
+    h = harness(partitions=2, runtime="batch")
+    own = {k: f"{v}-tb" for k, v in h.overrides.items() if k.endswith("_topic")}
+    r = _cli(h, "topics", own, "--partitions", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next((x for x in r.stdout.splitlines() if "takes event times" in x), None)
+    assert line is not None, r.stdout
+    assert own["source_topic"] in line and "INVALID_TIMESTAMP" in line and " old" in line, line
+    # The broker enforces it: a record ten days old is refused, one stamped now is taken.
+    # (Each in a batch of its own: the broker refuses a whole batch holding one such record.)
+    results: dict[str, object] = {}
+    p = Producer({"bootstrap.servers": h.bootstrap, "partitioner": "murmur2_random"})
+    now = int(time.time() * 1000)
+    for name, ts in (("old", now - 10 * 86_400_000), ("now", now)):
+        p.produce(own["source_topic"], key=b"k", value=b'{"outcome":"bad"}', timestamp=ts,
+                  on_delivery=lambda err, _msg, name=name: results.__setitem__(name, err))
+        assert p.flush(30) == 0
+    assert results["now"] is None, (line, results)
+    assert isinstance(results["old"], KafkaError) and results["old"].code() == KafkaError.INVALID_TIMESTAMP
+    # Run again, the topic exists: no claim about bounds it did not set.
+    r = _cli(h, "topics", own)
+    assert r.returncode == 0 and "takes event times" not in r.stdout, r.stdout
