@@ -243,8 +243,15 @@ class BatchWorker(WorkerCore):
     def run(self) -> int:
         self._start_http()
         self.start_members()
+        def on_signal(signum: int, _frame: object) -> None:
+            if not self.stopping.is_set():
+                # At once: the loop may be inside a checkpoint round that a broker quota slows.
+                log.info("%s: stopping after the current batch, then final snapshots of %d partitions",
+                         signal.Signals(signum).name, len(self.slots))
+            self.stopping.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stopping.set())
+            signal.signal(sig, on_signal)
         self.count()  # asked before any rebalance callback can need it
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
         batch_wait = self.batch_max_wait_ms / 1000.0
@@ -274,8 +281,9 @@ class BatchWorker(WorkerCore):
                 self.record_replay()
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
-                self._finish_writer(wait=True)
-                self.checkpoint()
+                with self.shutdown_progress("final snapshots"):
+                    self._finish_writer(wait=True)
+                    self.checkpoint()
             except DeliveryError as exc:
                 log.error("final snapshots not written: %s; the next owner replays from the last snapshot", exc)
                 self.no_more_snapshots = True

@@ -30,11 +30,13 @@ setting — see ``grudge_stream.runtime.faust`` for the reason.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from grudge_stream.checkpoint import (
     BROKER_ABORT_CHECK_INTERVAL_S,
@@ -62,6 +64,8 @@ FAILURE_LOG_INTERVAL_S = 10.0
 # How often a worker republishes its members record (with its partitions' watermarks) from
 # its loop; assignment changes publish at once.
 MEMBERS_REFRESH_S = 10.0
+# A shutdown whose final snapshots take longer logs its progress this often.
+SHUTDOWN_PROGRESS_S = 10.0
 # Consumer lag is recorded at most this often.
 LAG_INTERVAL_S = 1.0
 
@@ -275,6 +279,29 @@ class WorkerCore:
 
     def is_stopping(self) -> bool:
         return False
+
+    @contextlib.contextmanager
+    def shutdown_progress(self, what: str, every_s: float = SHUTDOWN_PROGRESS_S) -> Iterator[None]:
+        """Log every ``every_s`` while ``what`` (the final snapshots) is still running, so a
+        shutdown slowed by a broker quota or an outage never looks hung."""
+        done = threading.Event()
+        t0 = time.monotonic()
+
+        def report() -> None:
+            while not done.wait(every_s):
+                self.log.warning("stopping: %s still running after %.0f s (a broker quota or an unreachable "
+                                 "broker slows it; killing the worker loses nothing: the next owner replays "
+                                 "from the last snapshot)", what, time.monotonic() - t0)
+
+        thread = threading.Thread(target=report, name="grudge-stop-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(1.0)
+            if time.monotonic() - t0 >= every_s:
+                self.log.info("stopping: %s done after %.0f s", what, time.monotonic() - t0)
 
     def commit_offsets(self, offsets: dict[int, int]) -> None:
         """Commit the group's offsets of a round without a transaction (batch: the consumer;

@@ -411,9 +411,11 @@ class FaustRuntime(WorkerCore):
     async def on_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
         """Graceful shutdown: a final snapshot of every partition, then flush."""
         self.stopping = True
+        log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
         async with self.lock:
             try:
-                await self._checkpoint(list(self.slots))
+                with self.shutdown_progress("final snapshots"):
+                    await self._checkpoint(list(self.slots))
             except Exception as exc:
                 log.error("final snapshots not written (%s); the next owner replays from the last snapshot", exc)
                 self.no_more_snapshots = True

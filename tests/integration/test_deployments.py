@@ -77,3 +77,28 @@ def test_topics_states_the_source_time_bounds_the_broker_enforces(harness) -> No
     # Run again, the topic exists: no claim about bounds it did not set.
     r = _cli(h, "topics", own)
     assert r.returncode == 0 and "takes event times" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("runtime", ["batch", "faust"])
+def test_sigterm_during_a_slow_checkpoint_says_so_at_once_and_while_it_lasts(harness, runtime) -> None:
+    """Final snapshots slowed (as a broker quota would) log the stop at once and their
+    progress every 10 s, instead of a silent minute."""
+    import re
+    import time
+
+    h = harness(partitions=2, runtime=runtime)
+    h.produce(h.make_events(20_000, seed=43, users=20_000))
+    # 16 KiB chunks, 1.5 s apart: each partition's snapshot takes tens of seconds to write.
+    w = h.start_worker(snapshot_chunk_bytes=16384, snapshot_chunk_delay_s=1.5, checkpoint_interval_s=3600,
+                       snapshot_replay_budget_s=0)
+    w.wait_ready()
+    time.sleep(5)  # the events applied (the partitions changed since their restore)
+    t0 = time.monotonic()
+    w.proc.send_signal(__import__("signal").SIGTERM)
+    deadline = t0 + 30
+    while time.monotonic() < deadline and "still running after" not in w.log():
+        time.sleep(0.5)
+    log = w.log()
+    assert "stopping: final snapshots for partitions [0, 1]" in log, log[-3000:]
+    assert re.search(r"final snapshots still running after 1\d s", log), log[-3000:]
+    w.kill9()  # no need to wait for the rest

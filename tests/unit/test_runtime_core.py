@@ -188,3 +188,25 @@ def test_group_committed_gives_up_after_broker_wait_s_and_at_once_on_a_refusal(m
     with pytest.raises(KafkaException):
         _core_like(admin, 30.0, monkeypatch)([0])
     assert admin.calls == 1
+
+
+def test_a_slow_shutdown_reports_its_progress(caplog) -> None:
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from grudge_stream.runtime.core import WorkerCore
+
+    core = SimpleNamespace(log=logging.getLogger("grudge_stream.test_stop"))
+    with caplog.at_level(logging.INFO, logger="grudge_stream.test_stop"):
+        with WorkerCore.shutdown_progress(core, "final snapshots", every_s=0.05):
+            time.sleep(0.32)
+    still = [r for r in caplog.records if "final snapshots still running after" in r.getMessage()]
+    assert 3 <= len(still) <= 7 and all(r.levelno == logging.WARNING for r in still)
+    assert "killing the worker loses nothing" in still[0].getMessage()
+    assert caplog.records[-1].getMessage().startswith("stopping: final snapshots done after")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="grudge_stream.test_stop"):
+        with WorkerCore.shutdown_progress(core, "final snapshots", every_s=5):
+            pass
+    assert caplog.records == []  # a quick one says nothing
