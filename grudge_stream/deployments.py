@@ -36,10 +36,8 @@ def check_own_topics(topology, bootstrap_servers: str, client_config: dict | Non
         store.close()
     if found is None or found.current.source_topic == topology.source_topic:
         return
+    from grudge_stream.partitions import foreign_deployment_message
+
     declared = getattr(settings, "declared", {}) or {}
     names = sorted(n for n in declared if n.endswith("_topic") and n != "source_topic") or ["snapshot_topic"]
-    raise ConfigError(
-        f"the topics of this deployment belong to another one: snapshot topic {topology.snapshot_topic!r} "
-        f"holds operator {topology.operator_id!r} of source topic {found.current.source_topic!r}, and this "
-        f"one reads {topology.source_topic!r}. Give it topics of its own ({', '.join(names)}, or "
-        "operator_id), or point it back at its own source topic")
+    raise ConfigError(foreign_deployment_message(topology, found.current, ", ".join(names)))

@@ -43,3 +43,7 @@ class DeliveryError(GrudgeError):
 
 class PartitionCountChanged(CheckpointError):
     """The source topic's partition count differs from the one the snapshots were taken on."""
+
+
+class ForeignDeployment(CheckpointError):
+    """The snapshot topic holds another deployment's state: snapshots of another source topic."""

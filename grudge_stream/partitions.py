@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
-from grudge_stream.exceptions import CheckpointError, MismatchError, PartitionCountChanged
+from grudge_stream.exceptions import CheckpointError, ForeignDeployment, MismatchError, PartitionCountChanged
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.records import OutputRecord, SourceRecord
@@ -45,6 +45,19 @@ log = logging.getLogger("grudge_stream.partitions")
 # its target is logged at most once per SATURATION_LOG_S.
 SATURATION_INTERVAL_S = 10.0
 SATURATION_LOG_S = 300.0
+
+
+def foreign_deployment_message(topology: Topology, ref: SnapshotRef, settings_hint: str = "") -> str:
+    """One line: whose state the snapshot topic holds, and what to change."""
+    writer = f"app_id {ref.app_id!r}, source topic {ref.source_topic!r}" if ref.app_id else \
+        f"source topic {ref.source_topic!r}"
+    same_group = ref.app_id and ref.app_id == topology.app_id
+    return (f"the topics of this deployment belong to another one: snapshot topic {topology.snapshot_topic!r} "
+            f"holds operator {topology.operator_id!r} of {writer}, and this one (app_id {topology.app_id!r}) "
+            f"reads {topology.source_topic!r}"
+            + (" under the same app_id, whose committed offsets are of the other topic" if same_group else "")
+            + f". Give it topics of its own ({settings_hint or 'snapshot_topic and the output topics'}, "
+            "or operator_id), or point it back at its own source topic")
 
 
 @dataclass
@@ -64,6 +77,8 @@ def restore_partition(topology: Topology, store: CheckpointStore, partition: int
     labels = (op.operator_id, str(partition))
 
     def accept(ref: SnapshotRef, blob: bytes) -> None:
+        if ref.source_topic != topology.source_topic:
+            raise ForeignDeployment(foreign_deployment_message(topology, ref))
         if ref.partition_count != partition_count:
             raise PartitionCountChanged(
                 f"the snapshot of {topology.source_topic}[{partition}] was taken when the topic had "
@@ -293,7 +308,8 @@ def snapshot_write(slot: PartitionSlot) -> SnapshotWrite:
     op = slot.operator
     slot.unsnapshotted_at_take = slot.unsnapshotted
     return SnapshotWrite(op.operator_id, slot.partition, op.snapshot(), op.next_offset, op.watermark,
-                         op.fingerprint, slot.topology.source_topic, slot.partition_count)
+                         op.fingerprint, slot.topology.source_topic, slot.partition_count,
+                         slot.topology.app_id)
 
 
 def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,

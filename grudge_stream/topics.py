@@ -156,9 +156,9 @@ FAUST_ASSIGNOR = "faust"
 
 
 def group_runtime(bootstrap_servers: str, group: str, client_config: dict | None = None,
-                  timeout_s: float = 10.0) -> tuple[str, int] | None:
-    """``(runtime, members)`` of a consumer group with members, or None (empty, unknown, or
-    not describable)."""
+                  timeout_s: float = 10.0) -> tuple[str, int, set[str]] | None:
+    """``(runtime, members, topics assigned to them)`` of a consumer group with members, or
+    None (empty, unknown, or not describable)."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
     try:
         # A little longer than the request's own timeout, so the request's error (say a coordinator
@@ -170,19 +170,30 @@ def group_runtime(bootstrap_servers: str, group: str, client_config: dict | None
         return None
     if not desc.members or not desc.partition_assignor:
         return None
-    return ("faust" if desc.partition_assignor == FAUST_ASSIGNOR else "batch"), len(desc.members)
+    topics = {tp.topic for m in desc.members if m.assignment is not None
+              for tp in (m.assignment.topic_partitions or ())}
+    return ("faust" if desc.partition_assignor == FAUST_ASSIGNOR else "batch"), len(desc.members), topics
 
 
 def check_group_runtime(bootstrap_servers: str, group: str, runtime: str,
-                        client_config: dict | None = None, wait_s: float = 120.0) -> None:
+                        client_config: dict | None = None, wait_s: float = 120.0,
+                        source_topic: str | None = None) -> None:
     """Refuse to join a group that workers of the other runtime run: their group protocols
-    cannot agree (Kafka answers INCONSISTENT_GROUP_PROTOCOL, forever). A coordinator that is
+    cannot agree (Kafka answers INCONSISTENT_GROUP_PROTOCOL, forever); or, given
+    ``source_topic``, a group whose workers consume other topics (another deployment's
+    group: joining it would rebalance those workers, again and again). A coordinator that is
     still loading is waited for, up to ``wait_s``."""
     found = wait_for_cluster(f"describing consumer group {group!r}",
                              lambda: group_runtime(bootstrap_servers, group, client_config),
                              wait_s, bootstrap_servers)
+    if found is not None and source_topic is not None and found[2] and source_topic not in found[2]:
+        raise ConfigError(
+            f"consumer group {group!r} (app_id) is used by {found[1]} worker(s) of source topic(s) "
+            f"{', '.join(sorted(found[2]))}, another deployment; this one reads {source_topic!r}. Joining "
+            "would rebalance those workers and mix two topics' offsets in one group. Operator action: "
+            "give this deployment an app_id of its own (unset, it is grudge-<operator_id>-<source_topic>)")
     if found is not None and found[0] != runtime:
-        theirs, members = found
+        theirs, members, _topics = found
         raise ConfigError(
             f"consumer group {group!r} is run by {members} worker(s) of the {theirs} runtime; this worker "
             f"uses the {runtime} runtime and cannot join it. Operator action: stop those workers first, "

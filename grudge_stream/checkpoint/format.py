@@ -65,15 +65,19 @@ class SnapshotRef:
     source_topic: str
     partition_count: int
     written_ms: int
+    app_id: str = ""  # the deployment that wrote it; "" in snapshots of earlier releases
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "generation": self.generation, "slot": self.slot, "offsets": list(self.offsets),
             "size": self.size, "crc": self.crc, "next_offset": self.next_offset,
             "watermark": self.watermark, "fingerprint": self.fingerprint,
             "source_topic": self.source_topic, "partition_count": self.partition_count,
             "written_ms": self.written_ms,
         }
+        if self.app_id:  # an added field: readers of earlier releases ignore it
+            d["app_id"] = self.app_id
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "SnapshotRef":
@@ -86,6 +90,7 @@ class SnapshotRef:
             watermark=None if d["watermark"] is None else int(d["watermark"]),
             fingerprint=str(d["fingerprint"]), source_topic=str(d["source_topic"]),
             partition_count=int(d["partition_count"]), written_ms=int(d["written_ms"]),
+            app_id=str(d.get("app_id") or ""),
         )
 
 

@@ -96,6 +96,7 @@ class SnapshotWrite:
     fingerprint: str
     source_topic: str
     partition_count: int
+    app_id: str = ""  # the deployment that wrote it (its consumer group)
 
 
 @dataclass
@@ -328,7 +329,7 @@ class CheckpointStore:
                 generation=generation, slot=slot, offsets=tuple(offsets), size=size, crc=crc,
                 next_offset=w.next_offset, watermark=w.watermark, fingerprint=w.fingerprint,
                 source_topic=w.source_topic, partition_count=w.partition_count,
-                written_ms=time.time_ns() // 1_000_000,
+                written_ms=time.time_ns() // 1_000_000, app_id=w.app_id,
             )
             acks: list = []
             self._produce(producer, self.snapshot_partition(w.partition), manifest_key(w.operator_id, w.partition),

@@ -216,7 +216,7 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
                     op.next_offset = ends[p]
             refs = store.write_many(
                 SnapshotWrite(op.operator_id, p, op.snapshot(), op.next_offset, op.watermark, op.fingerprint,
-                              topic, n) for p, op in operators.items())
+                              topic, n, topology.app_id) for p, op in operators.items())
             for p, ref in zip(operators, refs):
                 report.snapshots[p] = ref.generation
             store.close()

@@ -76,7 +76,8 @@ def start_checks(topology: Topology, settings: Settings, runtime: str, *, create
             topology, settings.bootstrap_servers, partitions=partitions, create_source=create_source,
             timestamp_bounds=True, client_config=conf,
             replication_factor=setting(settings, "replication_factor")), wait_s, settings.bootstrap_servers)
-    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf, wait_s=wait_s)
+    check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf, wait_s=wait_s,
+                        source_topic=topology.source_topic)
     check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # one deployment's topics
     if getattr(topology.make_operator, "_grudge_overrides", None) is None:
         start_override_follower(topology, settings.bootstrap_servers, conf,  # before any partition is restored

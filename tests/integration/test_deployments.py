@@ -102,3 +102,58 @@ def test_sigterm_during_a_slow_checkpoint_says_so_at_once_and_while_it_lasts(har
     assert "stopping: final snapshots for partitions [0, 1]" in log, log[-3000:]
     assert re.search(r"final snapshots still running after 1\d s", log), log[-3000:]
     w.kill9()  # no need to wait for the rest
+
+
+@pytest.mark.parametrize("runtime", ["batch", "faust"])
+def test_another_deployment_under_a_running_app_id_is_refused_before_it_joins(harness, runtime) -> None:
+    """Topics of its own but the app_id (consumer group) of a running deployment on another
+    source: one line, exit 2, and the running workers are not rebalanced."""
+    import time
+
+    h = harness(partitions=2, runtime="batch")
+    h.produce(h.make_events(2000, seed=47))
+    w = h.start_worker()
+    try:
+        w.wait_ready()
+        time.sleep(2)
+        restores_before = w.log().count("restored ")
+        own = {k: f"{v}-3" for k, v in h.overrides.items() if k.endswith("_topic")}
+        r = _cli(h, "topics", own, "--partitions", "2")
+        assert r.returncode == 0, r.stderr[-3000:]
+        r = _cli(h, "worker", {**own, "app_id": h.topology.app_id}, "--runtime", runtime,
+                 "--web-port", str(free_port()))
+        lines = [line for line in r.stderr.splitlines() if line.strip() and "INFO" not in line]
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert len(lines) == 1 and "is used by 1 worker(s) of source topic(s)" in lines[0], r.stderr[-3000:]
+        assert h.topology.source_topic in lines[0] and "app_id of its own" in lines[0], lines[0]
+        time.sleep(3)
+        assert w.log().count("restored ") == restores_before, "the running worker was not rebalanced"
+    finally:
+        assert w.stop() == 0, w.log()[-3000:]
+
+
+def test_restoring_another_source_topics_snapshot_names_its_deployment(harness) -> None:
+    """Past the start-up check (which reads partition 0's manifest), a restore meeting a
+    snapshot of another source topic names the deployment that wrote it, not a partition
+    count to restore."""
+    from grudge_stream.checkpoint import CheckpointStore
+    from grudge_stream.exceptions import ForeignDeployment
+    from grudge_stream.partitions import restore_partition
+    from grudge_stream.topology import Settings, load_topology
+
+    h = harness(partitions=2, runtime="batch")
+    h.produce(h.make_events(2000, seed=53))
+    w = h.start_worker()
+    h.wait_caught_up()
+    assert w.stop() == 0
+    other = load_topology("abuse_scores", Settings({**h.overrides, "source_topic": h.overrides["source_topic"] + "-4"},
+                                                   environ={}))
+    store = CheckpointStore(h.bootstrap, other.snapshot_topic)
+    try:
+        with pytest.raises(ForeignDeployment) as exc:
+            restore_partition(other, store, 1, 4, lambda: 0)
+    finally:
+        store.close()
+    message = str(exc.value)
+    assert f"app_id {h.topology.app_id!r}, source topic {h.topology.source_topic!r}" in message, message
+    assert "partition count" not in message and "Give it topics of its own" in message

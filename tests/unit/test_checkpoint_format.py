@@ -230,3 +230,14 @@ def test_the_format_loads_no_kafka_client() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_the_writing_deployment_rides_along_and_older_manifests_still_read() -> None:
+    from dataclasses import replace
+
+    ref = replace(CURRENT, app_id="grudge-abuse-events")
+    m = Manifest("abuse-scores", 3, ref, PREVIOUS)
+    body = json.loads(m.encode())
+    assert body["current"]["app_id"] == "grudge-abuse-events" and "app_id" not in body["previous"]
+    assert Manifest.decode(m.encode()).current.app_id == "grudge-abuse-events"
+    assert Manifest.decode(MANIFEST_V1).current.app_id == ""  # written before the field
