@@ -122,10 +122,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
                         client_config=runtime.client_config)
     try:
         worker.execute_from_commandline()
+    except SystemExit:
+        if runtime.fatal is None:
+            raise
     finally:
         if stage is not None:
             stage.stop()
-    return 0
+    return 2 if runtime.fatal is not None else 0
 
 
 def cmd_topics(args: argparse.Namespace) -> int:

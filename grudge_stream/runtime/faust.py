@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -233,6 +235,9 @@ class FaustRuntime(WorkerCore):
         self.restoring: dict[int, asyncio.Future] = {}
         self.lock = asyncio.Lock()
         self.stopping = False
+        # A restore refused for good (ForeignDeployment, PartitionCountChanged): the worker
+        # stops without a snapshot and `grudge-stream worker` exits 2 with this one line.
+        self.fatal: CheckpointError | None = None
         self.consumer: Any = None  # the Faust consumer, once it positioned partitions
         self.needs_headers = topology.make_operator(0).needs_headers
 
@@ -277,7 +282,11 @@ class FaustRuntime(WorkerCore):
             p = tp.partition
             if p not in self.slots:
                 self.liveness.beat()  # a rebalance's restores count as progress, per partition
-                outcome = await self._start_restore(p)
+                try:
+                    outcome = await self._start_restore(p)
+                except CheckpointError as exc:  # another deployment's snapshot, a changed partition count
+                    self.stop_fatally(exc)
+                    return
                 outcome = await loop.run_in_executor(None, self.restart_point, p, outcome, committed.get(p))
                 self.liveness.beat()
                 self.restoring.pop(p, None)
@@ -286,6 +295,15 @@ class FaustRuntime(WorkerCore):
             if start is not None:
                 await consumer.seek_from_consumer_thread(tp, start)
         self.record_assignment()
+
+    def stop_fatally(self, exc: CheckpointError) -> None:
+        """One line, no more snapshots (none may cover a state this worker cannot have), and
+        a graceful stop of the Faust worker (SIGTERM to ourselves)."""
+        if self.fatal is None:
+            log.error("%s", exc)
+            self.fatal = exc
+        self.no_more_snapshots = True
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         parts = self._source_partitions(revoked)
@@ -793,6 +811,15 @@ class FaustStates:
                     await self._checkpoint(state)
                 except (CheckpointError, DeliveryError) as exc:
                     core.round_failed(exc)
+
+    def stop_fatally(self, exc: CheckpointError) -> None:
+        """One line, no more snapshots (none may cover a state this worker cannot have), and
+        a graceful stop of the Faust worker (SIGTERM to ourselves)."""
+        if self.fatal is None:
+            log.error("%s", exc)
+            self.fatal = exc
+        self.no_more_snapshots = True
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         """Revoked partitions (the agents are done with them by now): snapshotted, committed

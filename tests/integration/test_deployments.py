@@ -157,3 +157,37 @@ def test_restoring_another_source_topics_snapshot_names_its_deployment(harness) 
     message = str(exc.value)
     assert f"app_id {h.topology.app_id!r}, source topic {h.topology.source_topic!r}" in message, message
     assert "partition count" not in message and "Give it topics of its own" in message
+
+
+@pytest.mark.parametrize("runtime", ["batch", "faust"])
+def test_a_foreign_snapshot_met_at_restore_is_one_line_and_exit_2(harness, runtime) -> None:
+    """Past the start-up check: partition 0 has no snapshot, partition 1 has one of another
+    source topic. Both runtimes stop with one line naming that deployment, exit 2, and write
+    no snapshot."""
+    import time
+
+    from grudge_stream.checkpoint import CheckpointStore
+
+    h = harness(partitions=2, runtime="batch")
+    h.produce(h.make_events(2000, seed=59), partition_of=lambda i, key: 1)
+    w = h.start_worker()
+    store = CheckpointStore(h.bootstrap, h.topology.snapshot_topic)
+    try:
+        deadline = time.monotonic() + 60
+        while store.read_manifest(h.topology.operator_id, 1) is None:
+            assert time.monotonic() < deadline, w.log()[-3000:]
+            time.sleep(0.5)
+        assert w.stop() == 0
+        assert store.read_manifest(h.topology.operator_id, 0) is None
+    finally:
+        store.close()
+    snapshots_before = h.end_offsets(h.topology.snapshot_topic)
+    other = h.topology.source_topic + "-5"
+    create_topics(h.bootstrap, {other: (2, {})})
+    r = _cli(h, "worker", {"source_topic": other, "app_id": "another-group-" + other},
+             "--runtime", runtime, "--web-port", str(free_port()))
+    errors = [line for line in r.stderr.splitlines() if "ERROR" in line or "Traceback" in line]
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert len(errors) == 1 and "belong to another one" in errors[0], r.stderr[-3000:]
+    assert f"source topic {h.topology.source_topic!r}" in errors[0] and "partition count" not in errors[0]
+    assert h.end_offsets(h.topology.snapshot_topic) == snapshots_before, "no snapshot written"
