@@ -32,6 +32,33 @@ from grudge_stream.exceptions import ConfigError
 SECRET_MIN, SECRET_MAX = 32, 512
 
 
+def parse_named_secrets(text: str, where: str, what: str, min_len: int, max_len: int,
+                        unnamed: bool = False) -> dict[str, bytes]:
+    """``{name: secret}`` from a secrets file's ``name:secret`` lines (``#`` comments and blank
+    lines skipped; ``unnamed``: a bare secret is named ``<what>-<line>``), in file order; a
+    ConfigError naming the line otherwise. The one parser of token and signing-key files."""
+    out: dict[str, bytes] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, secret = line.rpartition(":")
+        name, secret = (name.strip() if sep else f"{what}-{n}" if unnamed else ""), secret.strip()
+        if not name or not name.isprintable():
+            raise ConfigError(f"{where} line {n}: a {what} line is name:{what}, with a printable name")
+        if not (min_len <= len(secret) <= max_len and secret.isascii() and secret.isprintable()
+                and " " not in secret):
+            raise ConfigError(f"{where} line {n}: a {what} is {min_len}-{max_len} printable ASCII characters "
+                              "without spaces or ':' (make one with `python -c 'import secrets; "
+                              "print(secrets.token_urlsafe(32))'`)")
+        if name in out:
+            raise ConfigError(f"{where} line {n}: the name {name!r} is used twice")
+        out[name] = secret.encode("ascii")
+    if not out:
+        raise ConfigError(f"{where} holds no {what}")
+    return out
+
+
 def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
@@ -47,26 +74,7 @@ class SigningKeys:
 
     @classmethod
     def parse(cls, text: str, where: str) -> "SigningKeys":
-        keys: dict[str, bytes] = {}
-        for n, raw in enumerate(text.splitlines(), 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            name, sep, secret = line.rpartition(":")
-            name, secret = name.strip(), secret.strip()
-            if not sep or not name or not name.isprintable():
-                raise ConfigError(f"{where} line {n}: a signing key is name:secret")
-            if not (SECRET_MIN <= len(secret) <= SECRET_MAX and secret.isascii() and secret.isprintable()
-                    and " " not in secret):
-                raise ConfigError(f"{where} line {n}: a secret is {SECRET_MIN}-{SECRET_MAX} printable ASCII "
-                                  "characters without spaces (`python -c 'import secrets; "
-                                  "print(secrets.token_urlsafe(32))'`)")
-            if name in keys:
-                raise ConfigError(f"{where} line {n}: the name {name!r} is used twice")
-            keys[name] = secret.encode("ascii")
-        if not keys:
-            raise ConfigError(f"{where} holds no signing key")
-        return cls(keys)
+        return cls(parse_named_secrets(text, where, "key", SECRET_MIN, SECRET_MAX))
 
     @classmethod
     def from_file(cls, path: str) -> "SigningKeys":

@@ -48,35 +48,12 @@ MAX_CLIENTS = 10_000  # budgets kept (least recently seen dropped first): bounde
 REALM = 'Bearer realm="grudge-stream"'
 
 
-def _valid_token(tok: str) -> bool:
-    return (TOKEN_MIN <= len(tok) <= TOKEN_MAX and tok.isascii() and tok.isprintable()
-            and " " not in tok and ":" not in tok)
-
-
 def parse_tokens(text: str, where: str) -> dict[str, bytes]:
-    """``{name: token}`` from a token file's text; ConfigError naming the line otherwise."""
-    out: dict[str, bytes] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, tok = line.rpartition(":")
-        if not sep:
-            name = f"token-{n}"
-        name = name.strip()
-        tok = tok.strip()
-        if not name or not name.isprintable():
-            raise ConfigError(f"{where} line {n}: the name before ':' is empty or not printable")
-        if not _valid_token(tok):
-            raise ConfigError(f"{where} line {n}: a token is {TOKEN_MIN}-{TOKEN_MAX} printable ASCII characters "
-                              "without spaces or ':' (make one with `python -c 'import secrets; "
-                              "print(secrets.token_urlsafe(32))'`)")
-        if name in out:
-            raise ConfigError(f"{where} line {n}: the name {name!r} is used twice")
-        out[name] = tok.encode("ascii")
-    if not out:
-        raise ConfigError(f"{where} holds no token")
-    return out
+    """``{name: token}`` from a token file's text (a line without a name is named
+    ``token-<line>``); ConfigError naming the line otherwise."""
+    from grudge_stream.signing import parse_named_secrets
+
+    return parse_named_secrets(text, where, "token", TOKEN_MIN, TOKEN_MAX, unnamed=True)
 
 
 class TokenFile:

@@ -812,15 +812,6 @@ class FaustStates:
                 except (CheckpointError, DeliveryError) as exc:
                     core.round_failed(exc)
 
-    def stop_fatally(self, exc: CheckpointError) -> None:
-        """One line, no more snapshots (none may cover a state this worker cannot have), and
-        a graceful stop of the Faust worker (SIGTERM to ourselves)."""
-        if self.fatal is None:
-            log.error("%s", exc)
-            self.fatal = exc
-        self.no_more_snapshots = True
-        os.kill(os.getpid(), signal.SIGTERM)
-
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         """Revoked partitions (the agents are done with them by now): snapshotted, committed
         as far as the snapshots cover, then let go."""

@@ -123,3 +123,19 @@ def test_a_refused_request_body_is_never_read(tmp_path) -> None:
     assert reads == []
     ok = {"Authorization": "Bearer " + "b" * 32}
     assert q.prepare("POST", "/v1/scores", "", body, ok, "p") == ([b"a"], True, False) and reads == [1]
+
+
+def test_token_and_signing_key_files_share_one_parser_and_its_messages() -> None:
+    from grudge_stream.signing import SigningKeys
+
+    assert parse_tokens("# comment\n\n" + "t" * 20 + "\ngateway:" + "g" * 20 + "\n", "f") == {
+        "token-3": b"t" * 20, "gateway": b"g" * 20}
+    for text, needle in (("a:" + "x" * 8, "f line 1: a token is 16-512 printable ASCII"),
+                         (f"a:{'x' * 20}\na:{'y' * 20}", "f line 2: the name 'a' is used twice"),
+                         ("# nothing\n", "f holds no token")):
+        with pytest.raises(ConfigError, match=needle):
+            parse_tokens(text, "f")
+    with pytest.raises(ConfigError, match="k line 1: a key line is name:key"):
+        SigningKeys.parse("x" * 40, "k")  # a signing key needs its name (the signer)
+    with pytest.raises(ConfigError, match="k line 1: a key is 32-512 printable"):
+        SigningKeys.parse("w:" + "x" * 16, "k")
