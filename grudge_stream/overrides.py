@@ -159,25 +159,29 @@ class OverrideTable:
             return None
         if self.signing is not None:
             return self._apply_signed(key, value)
-        old = self._entries.get(key)
-        if value is None:
-            if old is None:
-                return None
-            del self._entries[key]
-            self._denies.pop(key, None)
-            self.version += 1
-            return old, None
         try:
-            new = decode_override(value)
+            new = None if value is None else decode_override(value)
         except ValueError as exc:
             self.ignored += 1
             log.warning("ignoring an override entry that is not one (%s)", exc)
             return None
-        self._entries[key] = new
-        if new.action == "deny":
-            self._denies[key] = new
-        else:
+        return self._put(key, new)
+
+    def _put(self, key: bytes, new: Override | None) -> tuple[Override | None, Override | None] | None:
+        """``key``'s entry becomes ``new`` (None: removed); ``(old, new)``, or None when
+        nothing changed."""
+        old = self._entries.get(key)
+        if new is None:
+            if old is None:
+                return None
+            del self._entries[key]
             self._denies.pop(key, None)
+        else:
+            self._entries[key] = new
+            if new.action == "deny":
+                self._denies[key] = new
+            else:
+                self._denies.pop(key, None)
         self.version += 1
         return old, new
 
@@ -200,20 +204,7 @@ class OverrideTable:
             log.warning("ignoring a signed override entry older than the one in force (a replayed record?)")
             return None
         self._newest[key] = created
-        old = self._entries.get(key)
-        if new is None:
-            if old is None:
-                return None
-            del self._entries[key]
-            self._denies.pop(key, None)
-        else:
-            self._entries[key] = new
-            if new.action == "deny":
-                self._denies[key] = new
-            else:
-                self._denies.pop(key, None)
-        self.version += 1
-        return old, new
+        return self._put(key, new)
 
     def get(self, key: bytes) -> Override | None:
         return self._entries.get(key)
