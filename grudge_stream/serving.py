@@ -455,6 +455,7 @@ class ScoreQueries:
         self.debug_detail = bool(debug_detail)
         # Tokens and budgets (grudge_stream.webauth); None: open, no budget (tests, tools).
         self.access = access
+        self._resolved: dict[str, tuple[float, set[str]]] = {}  # member host -> (when, addresses)
         # The SSL context forwards to https:// owners verify with (None: the default).
         self.tls = tls
         # Whether the records' partitions agree with ``partitioner`` (set by the worker core).
@@ -634,8 +635,36 @@ class ScoreQueries:
         parsed = self.parse_request(method, path, query, body() if callable(body) else body, headers)
         if isinstance(parsed[0], int) or self.access is None:
             return parsed
-        refusal = self.access.charge(client, len(parsed[0]), bool(headers.get(FORWARDED_HEADER)))
+        forwarded = bool(headers.get(FORWARDED_HEADER))
+        if forwarded and self.access.tokens is None:
+            # Without tokens the mark proves nothing: only a peer at a member's address is a
+            # worker forwarding (charged where the client asked); anyone else is charged here.
+            forwarded = self.peer_is_member(peer)
+        refusal = self.access.charge(client, len(parsed[0]), forwarded)
         return refusal if refusal is not None else parsed
+
+    def peer_is_member(self, peer: str) -> bool:
+        """Whether ``peer`` (an IP address) is the address of a worker in the members
+        directory (their advertised hosts, resolved at most once a minute)."""
+        directory = self.directory
+        if directory is None or not peer:
+            return False
+        with directory._lock:
+            hosts = {urllib.parse.urlsplit(str(rec.get("url", ""))).hostname for rec in directory.members.values()}
+        now = time.monotonic()
+        addresses: set[str] = set()
+        for host in hosts:
+            if not host:
+                continue
+            cached = self._resolved.get(host)
+            if cached is None or now - cached[0] > 60.0:
+                try:
+                    found = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+                except OSError:
+                    found = set()
+                cached = self._resolved[host] = (now, found)
+            addresses |= cached[1]
+        return peer in addresses
 
     def handle(self, method: str, path: str, query: str, body: bytes | Callable[[], bytes], headers: Any,
                peer: str = "") -> tuple[int, dict, dict]:

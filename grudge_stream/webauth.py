@@ -22,8 +22,10 @@
   a token bucket per client (token name, else the peer address), charged one unit per key
   asked. Past it: 429 with ``Retry-After``. Requests forwarded by another worker were
   charged there and pass: those that present the file's first token (the workers' own,
-  which they forward with; give clients the others), or, without tokens, any request
-  marked forwarded (one more reason to set tokens).
+  which they forward with; give clients the others), or, without tokens, a request
+  marked forwarded that comes from a worker's address in the members directory (a
+  client marking its own requests is charged; on loopback every local process shares
+  that address: one more reason to set tokens).
 """
 from __future__ import annotations
 

@@ -139,3 +139,23 @@ def test_token_and_signing_key_files_share_one_parser_and_its_messages() -> None
         SigningKeys.parse("x" * 40, "k")  # a signing key needs its name (the signer)
     with pytest.raises(ConfigError, match="k line 1: a key is 32-512 printable"):
         SigningKeys.parse("w:" + "x" * 16, "k")
+
+
+def test_without_tokens_only_a_members_address_forwards_past_the_budget() -> None:
+    """insecure_open_queries: the forwarded mark alone proves nothing; a request marked so
+    passes the budget only from the address of a worker in the members directory."""
+    import threading
+    from types import SimpleNamespace
+
+    access = QueryAccess.from_settings(Settings({"web_host": "0.0.0.0", "insecure_open_queries": "true",
+                                                 "query_rate_per_s": "1", "query_burst": "2"}, environ={}))
+    directory = SimpleNamespace(_lock=threading.Lock(),
+                                members={"w1": {"url": "http://127.0.0.1:6066", "partitions": [0]}})
+    q = ScoreQueries(lambda p: None, lambda: 4, access=access, directory=directory)
+    fwd = {FORWARDED_HEADER: "http://127.0.0.1:6067"}
+    for _ in range(6):  # a worker forwarding: charged where its client asked
+        assert q.prepare("GET", "/v1/score", "key=a", b"", fwd, "127.0.0.1")[0] == [b"a"]
+    # Anyone else marking its requests forwarded is charged like any client.
+    got = [q.prepare("GET", "/v1/score", "key=a", b"", fwd, "203.0.113.9")[0] for _ in range(4)]
+    assert got[:2] == [[b"a"], [b"a"]] and got[2:] == [429, 429]
+    assert not q.peer_is_member("") and ScoreQueries(lambda p: None, lambda: 4).peer_is_member("127.0.0.1") is False
