@@ -338,6 +338,26 @@ class MembersDirectory:
                     best = rec
         return best
 
+    def urls(self) -> set[str]:
+        """The advertised URLs of the members known (ours included)."""
+        with self._lock:
+            return {str(rec.get("url", "")) for rec in self.members.values()}
+
+    def watermarks(self) -> dict[int, tuple[int | None, int]]:
+        """Per partition, ``(watermark_ms, published_ms)`` from the newest record claiming it
+        that carries one."""
+        out: dict[int, tuple[int | None, int]] = {}
+        with self._lock:
+            records = list(self.members.values())
+        for rec in records:
+            published = int(rec.get("timestamp_ms") or 0)
+            marks = rec.get("watermarks") or {}
+            for p in rec.get("partitions") or ():
+                if str(p) in marks and (p not in out or published > out[p][1]):
+                    w = marks[str(p)]
+                    out[int(p)] = (None if w is None else int(w), published)
+        return out
+
     def partition_count(self) -> int | None:
         with self._lock:
             for rec in self.members.values():
@@ -362,15 +382,7 @@ def read_watermarks(bootstrap: str, app_id: str, *, client_config: dict | None =
             return {}
     finally:
         follower.stop()
-    out: dict[int, tuple[int | None, int]] = {}
-    for rec in directory.members.values():
-        published = int(rec.get("timestamp_ms") or 0)
-        marks = rec.get("watermarks") or {}
-        for p in rec.get("partitions") or ():
-            if str(p) in marks and (p not in out or published > out[p][1]):
-                w = marks[str(p)]
-                out[int(p)] = (None if w is None else int(w), published)
-    return out
+    return directory.watermarks()
 
 
 # -- queries ----------------------------------------------------------------------------------------
@@ -649,8 +661,7 @@ class ScoreQueries:
         directory = self.directory
         if directory is None or not peer:
             return False
-        with directory._lock:
-            hosts = {urllib.parse.urlsplit(str(rec.get("url", ""))).hostname for rec in directory.members.values()}
+        hosts = {urllib.parse.urlsplit(url).hostname for url in directory.urls()}
         now = time.monotonic()
         addresses: set[str] = set()
         for host in hosts:

@@ -144,13 +144,12 @@ def test_token_and_signing_key_files_share_one_parser_and_its_messages() -> None
 def test_without_tokens_only_a_members_address_forwards_past_the_budget() -> None:
     """insecure_open_queries: the forwarded mark alone proves nothing; a request marked so
     passes the budget only from the address of a worker in the members directory."""
-    import threading
-    from types import SimpleNamespace
+    from grudge_stream.serving import MembersDirectory
 
     access = QueryAccess.from_settings(Settings({"web_host": "0.0.0.0", "insecure_open_queries": "true",
                                                  "query_rate_per_s": "1", "query_burst": "2"}, environ={}))
-    directory = SimpleNamespace(_lock=threading.Lock(),
-                                members={"w1": {"url": "http://127.0.0.1:6066", "partitions": [0]}})
+    directory = MembersDirectory("127.0.0.1:1", "app", "w2", "http://127.0.0.1:6067")  # not started
+    directory.members["w1"] = {"url": "http://127.0.0.1:6066", "partitions": [0]}
     q = ScoreQueries(lambda p: None, lambda: 4, access=access, directory=directory)
     fwd = {FORWARDED_HEADER: "http://127.0.0.1:6067"}
     for _ in range(6):  # a worker forwarding: charged where its client asked
