@@ -349,13 +349,17 @@ class MembersDirectory:
         out: dict[int, tuple[int | None, int]] = {}
         with self._lock:
             records = list(self.members.values())
+        def ms(v: Any) -> int | None:  # records come from a topic: anything not an int is absent
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
         for rec in records:
-            published = int(rec.get("timestamp_ms") or 0)
-            marks = rec.get("watermarks") or {}
-            for p in rec.get("partitions") or ():
-                if str(p) in marks and (p not in out or published > out[p][1]):
-                    w = marks[str(p)]
-                    out[int(p)] = (None if w is None else int(w), published)
+            published = ms(rec.get("timestamp_ms")) or 0
+            marks, parts = rec.get("watermarks"), rec.get("partitions")
+            if not isinstance(marks, dict) or not isinstance(parts, list):
+                continue
+            for p in parts:
+                if ms(p) is not None and str(p) in marks and (p not in out or published > out[p][1]):
+                    out[p] = (ms(marks[str(p)]), published)
         return out
 
     def partition_count(self) -> int | None:

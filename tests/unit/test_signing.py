@@ -62,3 +62,16 @@ def test_a_forged_members_record_does_not_redirect() -> None:
     # The owner's own signed shutdown record (no partitions) does remove it.
     me._apply(b"owner", owner._encode({**rec, "partitions": [], "timestamp_ms": 20}))
     assert me.owner(2) is None
+
+
+def test_members_watermarks_skip_malformed_records() -> None:
+    """The members topic is readable input: malformed watermark fields are skipped, never
+    a crash of `grudge-stream alerts`."""
+    d = MembersDirectory("127.0.0.1:1", "app", "me", "http://127.0.0.1:1")  # not started
+    d.members.update({
+        "a": {"partitions": [0, 1], "watermarks": {"0": 1000, "1": "soon"}, "timestamp_ms": 5},
+        "b": {"partitions": "0", "watermarks": {"0": 9}, "timestamp_ms": 9},
+        "c": {"partitions": [2, True, "x"], "watermarks": ["2"], "timestamp_ms": "late"},
+        "d": {"partitions": [0], "watermarks": {"0": 2000}, "timestamp_ms": 7},
+    })
+    assert d.watermarks() == {0: (2000, 7), 1: (None, 5)}
