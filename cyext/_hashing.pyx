@@ -92,6 +92,36 @@ def level_indexes(uint64_t hash, Py_ssize_t levels, Py_ssize_t cells_per_level):
     return [gh_km_index(hash, <uint32_t>i, <uint32_t>cells_per_level) for i in range(levels)]
 
 
+def kafka_murmur2(data):
+    """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``, the default
+    partitioner of Java clients and ``partitioner=murmur2_random``) of a bytes-like
+    object, as an unsigned 32-bit int."""
+    cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t length = view.shape[0], i, n4 = length // 4, tail
+    cdef uint32_t m = 0x5BD1E995, k
+    cdef uint32_t h = 0x9747B28C ^ <uint32_t>length
+    for i in range(n4):
+        k = (<uint32_t>view[4 * i] | (<uint32_t>view[4 * i + 1] << 8) | (<uint32_t>view[4 * i + 2] << 16)
+             | (<uint32_t>view[4 * i + 3] << 24))
+        k = k * m
+        k ^= k >> 24
+        k = k * m
+        h = (h * m) ^ k
+    tail = 4 * n4
+    i = length & 3
+    if i == 3:
+        h ^= <uint32_t>view[tail + 2] << 16
+    if i >= 2:
+        h ^= <uint32_t>view[tail + 1] << 8
+    if i >= 1:
+        h ^= <uint32_t>view[tail]
+        h = h * m
+    h ^= h >> 13
+    h = h * m
+    h ^= h >> 15
+    return h
+
+
 def crc32c(data, uint32_t crc=0):
     """CRC-32C (Castagnoli) of a bytes-like object, continuing from ``crc``."""
     cdef const uint8_t[::1] view = data

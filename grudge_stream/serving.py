@@ -40,6 +40,7 @@ import urllib.request
 import zlib
 from typing import Any, Callable, Iterable
 
+from grudge_stream._cyext._hashing import kafka_murmur2
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.webauth import QueryAccess, client_tls
 
@@ -66,28 +67,7 @@ MEMBERS_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0
 
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``) as an unsigned 32-bit int."""
-    m, length = 0x5BD1E995, len(data)
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    n4 = length // 4
-    for i in range(n4):
-        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> 24
-        k = (k * m) & 0xFFFFFFFF
-        h = ((h * m) & 0xFFFFFFFF) ^ k
-    rest = length & 3
-    tail = 4 * n4
-    if rest == 3:
-        h ^= data[tail + 2] << 16
-    if rest >= 2:
-        h ^= data[tail + 1] << 8
-    if rest >= 1:
-        h ^= data[tail]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
+    return kafka_murmur2(data)
 
 
 def partition_for(key: bytes, partitions: int, partitioner: str = "murmur2") -> int:
@@ -500,11 +480,25 @@ class ScoreQueries:
 
     # -- local reads -------------------------------------------------------------------------
 
-    def describe_local(self, key: bytes, partition: int, n: int) -> dict | None:
-        """The answer from this worker's own slot, or None when it does not hold ``partition``."""
+    def holds(self, partition: int, n: int) -> Any:
+        """This worker's slot of ``partition`` when it holds it restored at ``n`` partitions, else None."""
         slot = self.slot_of(partition)
         if slot is None or slot.partition != partition or slot.partition_count != n:
             return None
+        return slot
+
+    def read_partition(self, keys: list[bytes], partition: int, n: int, idxs: list[int],
+                       results: list[dict | None]) -> None:
+        """The answers of ``keys[i]`` for ``i`` in ``idxs`` (all on ``partition``), into
+        ``results``: read together under one acquisition of the slot's lock, so a request
+        waits for the processing thread at most once per partition, and every answer of a
+        partition reads the same state."""
+        slot = self.holds(partition, n)
+        if slot is None:  # revoked since the request was routed
+            for i in idxs:
+                results[i] = _error(keys[i], "owner_unknown", f"partition {partition} moved during the "
+                                    "request (a rebalance in progress?)", partition)
+            return
         op = slot.operator
         describe = getattr(op, "describe_key", None)
         debug = self.debug_detail
@@ -512,9 +506,9 @@ class ScoreQueries:
         if lock is not None:
             lock.acquire()
         try:
-            detail = (describe(key, debug) if describe is not None
-                      else {"kind": op.kind, "error": "not_supported"})
-            meta = {"partition": partition, "watermark_ms": op.watermark}
+            details = ([describe(keys[i], debug) for i in idxs] if describe is not None
+                       else [{"kind": op.kind, "error": "not_supported"}] * len(idxs))
+            meta: dict = {"partition": partition, "watermark_ms": op.watermark}
             if debug:
                 meta.update(partitions=n, operator=op.operator_id, next_offset=op.next_offset,
                             snapshot_offset=slot.snapshotted_offset, restore_mode=slot.restore_mode)
@@ -525,22 +519,18 @@ class ScoreQueries:
         if check is not None and check.status() != "verified":
             # Not a confident answer: the key may live on another partition than computed.
             meta["partitioner_check"] = check.status()
-        return {**key_fields(key), **meta, **detail, "served_by": self.url}
+        served = {"served_by": self.url}
+        for i, detail in zip(idxs, details):
+            results[i] = {**key_fields(keys[i]), **meta, **detail, **served}
 
     # -- a request ------------------------------------------------------------------------------
 
-    def local_part(self, keys: list[bytes], forward: bool) -> tuple[list[dict | None], dict[str, list[int]]]:
-        """Answer what this worker can; the rest grouped by the owner URL to forward to."""
-        results: list[dict | None] = [None] * len(keys)
-        remote: dict[str, list[int]] = {}
-        self.local_slice(keys, forward, 0, len(keys), results, remote)
-        return results, remote
-
-    def local_slice(self, keys: list[bytes], forward: bool, lo: int, hi: int, results: list[dict | None],
-                    remote: dict[str, list[int]]) -> None:
-        """``local_part`` for ``keys[lo:hi]``, into ``results`` and ``remote``: an event loop
-        reads a long request in slices (``LOOP_SLICE`` keys) and runs its other tasks between."""
-        n = self.partition_count()
+    def route(self, keys: list[bytes], forward: bool, lo: int, hi: int, results: list[dict | None],
+              local: dict[int, list[int]], remote: dict[str, list[int]]) -> int:
+        """Where each of ``keys[lo:hi]`` is answered: indexes by partition this worker holds
+        into ``local``, by owner URL to forward to into ``remote``; the keys no one can answer
+        get their error in ``results``. Returns the partition count (0: not known yet)."""
+        n = self.partition_count() or 0
         for i in range(lo, hi):
             key = keys[i]
             if not n:
@@ -548,53 +538,81 @@ class ScoreQueries:
                                     "partition count yet (no assignment so far)")
                 continue
             p = partition_for(key, n, self.partitioner)
-            ans = self.describe_local(key, p, n)
-            if ans is not None:
-                results[i] = ans
+            if self.holds(p, n) is not None:
+                local.setdefault(p, []).append(i)
                 continue
+            owner = self.directory.owner(p) if self.directory is not None else None
             if not forward:
-                owner = self.directory.owner(p) if self.directory is not None else None
                 results[i] = _error(key, "not_owner", f"this worker does not hold partition {p} restored",
                                     p, owner=owner.get("url") if owner else None)
                 continue
-            owner = self.directory.owner(p) if self.directory is not None else None
             if owner is None or owner.get("url") in (None, "", self.url):
                 results[i] = _error(key, "owner_unknown", f"no worker is known to hold partition {p} restored "
                                     "(a rebalance in progress?)", p)
                 continue
             remote.setdefault(owner["url"], []).append(i)
+        return n
+
+    def read_local(self, keys: list[bytes], n: int, local: dict[int, list[int]],
+                   results: list[dict | None]) -> None:
+        """``read_partition`` for each partition of ``local`` (from ``route``)."""
+        for p, idxs in local.items():
+            self.read_partition(keys, p, n, idxs, results)
+
+    def local_part(self, keys: list[bytes], forward: bool) -> tuple[list[dict | None], dict[str, list[int]]]:
+        """Answer what this worker can; the rest grouped by the owner URL to forward to."""
+        results: list[dict | None] = [None] * len(keys)
+        local: dict[int, list[int]] = {}
+        remote: dict[str, list[int]] = {}
+        n = self.route(keys, forward, 0, len(keys), results, local, remote)
+        self.read_local(keys, n, local, results)
+        return results, remote
 
     def remote_part(self, keys: list[bytes], remote: dict[str, list[int]]) -> dict[int, dict]:
-        """Forward each owner its keys (once, marked); blocking: run it off an event loop."""
+        """Forward each owner its keys (once, marked; several owners at once); blocking: run
+        it off an event loop."""
         out: dict[int, dict] = {}
-        for url, idxs in remote.items():
-            body = json.dumps({"keys_b64": [_b64(keys[i]) for i in idxs]}).encode()
-            req = urllib.request.Request(f"{url}/v1/scores", data=body, method="POST",
-                                         headers={"Content-Type": "application/json",
-                                                  FORWARDED_HEADER: self.url or "1",
-                                                  **(self.access.forward_headers() if self.access else {})})
-            try:
-                try:
-                    with urllib.request.urlopen(req, timeout=self.forward_timeout_s,
-                                                context=self.tls if url.startswith("https:") else None) as resp:
-                        doc = json.loads(resp.read())
-                except urllib.error.HTTPError as exc:  # a 503 carries the owner's per-key errors
-                    doc = json.loads(exc.read() or b"{}")
-                answers = doc.get("results")
-                if not isinstance(answers, list) or len(answers) != len(idxs):
-                    raise ValueError(f"unexpected answer from {url}: {str(doc)[:200]}")
-            except (OSError, ValueError) as exc:
-                for i in idxs:
-                    out[i] = _error(keys[i], "owner_unreachable", f"the owner {url} did not answer: {exc}",
-                                    owner=url)
-                continue
-            for i, ans in zip(idxs, answers):
-                if isinstance(ans, dict) and not ans.get("error"):
-                    ans["forwarded_by"] = self.url
-                elif isinstance(ans, dict):
-                    ans.setdefault("owner", url)
-                out[i] = ans
+        if len(remote) == 1:
+            for url, idxs in remote.items():
+                self.forward_to(url, keys, idxs, out)
+            return out
+        threads = [threading.Thread(target=self.forward_to, args=(url, keys, idxs, out), daemon=True,
+                                    name="grudge-query-forward") for url, idxs in remote.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         return out
+
+    def forward_to(self, url: str, keys: list[bytes], idxs: list[int], out: dict[int, dict]) -> None:
+        """Forward ``keys[i]`` for ``i`` in ``idxs`` to the owner at ``url``; answers (or
+        errors) into ``out``."""
+        body = json.dumps({"keys_b64": [_b64(keys[i]) for i in idxs]}).encode()
+        req = urllib.request.Request(f"{url}/v1/scores", data=body, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              FORWARDED_HEADER: self.url or "1",
+                                              **(self.access.forward_headers() if self.access else {})})
+        try:
+            try:
+                with urllib.request.urlopen(req, timeout=self.forward_timeout_s,
+                                            context=self.tls if url.startswith("https:") else None) as resp:
+                    doc = json.loads(resp.read())
+            except urllib.error.HTTPError as exc:  # a 503 carries the owner's per-key errors
+                doc = json.loads(exc.read() or b"{}")
+            answers = doc.get("results")
+            if not isinstance(answers, list) or len(answers) != len(idxs):
+                raise ValueError(f"unexpected answer from {url}: {str(doc)[:200]}")
+        except (OSError, ValueError) as exc:
+            for i in idxs:
+                out[i] = _error(keys[i], "owner_unreachable", f"the owner {url} did not answer: {exc}",
+                                owner=url)
+            return
+        for i, ans in zip(idxs, answers):
+            if isinstance(ans, dict) and not ans.get("error"):
+                ans["forwarded_by"] = self.url
+            elif isinstance(ans, dict):
+                ans.setdefault("owner", url)
+            out[i] = ans
 
     @staticmethod
     def combine(results: list[dict | None], forwarded: dict[int, dict], single: bool) -> tuple[int, dict, dict]:
@@ -609,9 +627,28 @@ class ScoreQueries:
         return status, (done[0] if single else {"results": done}), headers
 
     def answer(self, keys: list[bytes], forward: bool = True, single: bool = False) -> tuple[int, dict, dict]:
-        """A whole request, blocking (the batch runtime's HTTP threads)."""
-        results, remote = self.local_part(keys, forward)
-        return self.combine(results, self.remote_part(keys, remote) if remote else {}, single)
+        """A whole request, blocking (the batch runtime's HTTP threads). The forwards go out
+        first, from a thread of their own, and the owners read while this worker reads its
+        own keys: a request mixing local and remote keys takes the longer of the two, not
+        their sum."""
+        results: list[dict | None] = [None] * len(keys)
+        local: dict[int, list[int]] = {}
+        remote: dict[str, list[int]] = {}
+        n = self.route(keys, forward, 0, len(keys), results, local, remote)
+        if not remote:
+            self.read_local(keys, n, local, results)
+            return self.combine(results, {}, single)
+        if not local:
+            return self.combine(results, self.remote_part(keys, remote), single)
+        forwarded: dict[int, dict] = {}
+        sender = threading.Thread(target=lambda: forwarded.update(self.remote_part(keys, remote)),
+                                  name="grudge-query-forward", daemon=True)
+        sender.start()
+        try:
+            self.read_local(keys, n, local, results)
+        finally:
+            sender.join()
+        return self.combine(results, forwarded, single)
 
     @staticmethod
     def parse_request(method: str, path: str, query: str, body: bytes,

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -104,6 +105,10 @@ class SnapshotWriter:
         finally:
             self.done.set()
 
+
+# How often the interpreter hands its lock to a waiting thread while the web port is open
+# (Python's default: every 5 ms); see BatchWorker._start_http.
+QUERY_SWITCH_INTERVAL_S = 0.0005
 
 _COMMIT_LATER = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
                  KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
@@ -524,12 +529,19 @@ class BatchWorker(WorkerCore):
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                # Head and body in one write: one wait for the interpreter lock, not two.
+                self._headers_buffer.append(b"\r\n" + body)  # type: ignore[attr-defined]
+                self.flush_headers()
 
             def log_message(self, *args) -> None:
                 pass
 
+        if sys.getswitchinterval() > QUERY_SWITCH_INTERVAL_S:
+            # The request threads share the interpreter with the consume loop: at the default
+            # 5 ms, each of the dozen points where a query waits for the interpreter lock (a
+            # socket read or write, a forward, a slot lock) can cost 5 ms on a busy worker.
+            # Switching matters only while a second thread waits, so an idle API costs nothing.
+            sys.setswitchinterval(QUERY_SWITCH_INTERVAL_S)
         host = setting(self.settings, "web_host")
         port = setting(self.settings, "web_port")
         self._http = _WebServer((host, port), Handler, server_tls(self.settings))

@@ -560,15 +560,20 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
             status, doc, headers = parsed
         else:
             keys, forward, single = parsed
-            # In slices, yielding between them: a 1000-key request never holds the loop (and
-            # the records waiting on it) for the whole read.
+            # The forwards go out first (from an executor thread); the local reads run on the
+            # loop in slices, yielding between them: a 1000-key request never holds the loop
+            # (and the records waiting on it) for the whole read.
             results: list = [None] * len(keys)
+            local: dict = {}
             remote: dict = {}
-            for lo in range(0, len(keys), LOOP_SLICE):
-                queries.local_slice(keys, forward, lo, min(lo + LOOP_SLICE, len(keys)), results, remote)
-                await asyncio.sleep(0)
-            fwd = (await asyncio.get_running_loop().run_in_executor(None, queries.remote_part, keys, remote)
-                   if remote else {})
+            n = queries.route(keys, forward, 0, len(keys), results, local, remote)
+            pending = (asyncio.get_running_loop().run_in_executor(None, queries.remote_part, keys, remote)
+                       if remote else None)
+            for p, idxs in local.items():
+                for lo in range(0, len(idxs), LOOP_SLICE):
+                    queries.read_partition(keys, p, n, idxs[lo:lo + LOOP_SLICE], results)
+                    await asyncio.sleep(0)
+            fwd = await pending if pending is not None else {}
             status, doc, headers = queries.combine(results, fwd, single)
         response = web.json(doc, status=status, headers=headers or None)
         runtime.metrics.query_answered(status, time.perf_counter() - t0)

@@ -131,6 +131,54 @@ def test_queries_answer_local_partitions_and_refuse_others_with_503() -> None:
     assert q.handle("GET", "/v1/score", "", b"", {})[0] == 400
 
 
+class _CountingLock:
+    """A slot lock that counts its acquisitions."""
+
+    def __init__(self) -> None:
+        import threading
+        self.inner, self.acquired = threading.Lock(), 0
+
+    def acquire(self) -> bool:
+        self.acquired += 1
+        return self.inner.acquire()
+
+    def release(self) -> None:
+        self.inner.release()
+
+
+def test_a_many_key_request_takes_each_slot_lock_once_and_keeps_key_order() -> None:
+    n = 2
+    slots = {p: _Slot(_abuse_operator(p), p, n) for p in range(n)}
+    for s in slots.values():
+        s.lock = _CountingLock()
+    q = ScoreQueries(slots.get, lambda: n)
+    keys = [f"user-{i}" for i in range(200)]
+    status, doc, _ = q.handle("POST", "/v1/scores", "", json.dumps(keys).encode(), {})
+    assert status == 200
+    assert [r["key"] for r in doc["results"]] == keys
+    assert [r["partition"] for r in doc["results"]] == [partition_for(k.encode(), n) for k in keys]
+    assert {p: s.lock.acquired for p, s in slots.items()} == {0: 1, 1: 1}
+
+
+def test_a_partition_revoked_between_routing_and_reading_is_an_error_not_a_wrong_answer() -> None:
+    n = 2
+    slots = {p: _Slot(_abuse_operator(p), p, n) for p in range(n)}
+    q = ScoreQueries(slots.get, lambda: n)
+    keys = [f"user-{i}".encode() for i in range(40)]
+    results: list = [None] * len(keys)
+    local: dict = {}
+    remote: dict = {}
+    assert q.route(keys, True, 0, len(keys), results, local, remote) == n
+    assert sorted(local) == [0, 1] and not remote and results == [None] * len(keys)
+    del slots[1]  # revoked while the request was in flight
+    q.read_local(keys, n, local, results)
+    for k, r in zip(keys, results):
+        if partition_for(k, n) == 1:
+            assert r["error"] == "owner_unknown" and r["partition"] == 1 and "score" not in r
+        else:
+            assert "error" not in r and r["partition"] == 0
+
+
 def test_members_directory_newest_claim_wins_and_tombstones_remove() -> None:
     from grudge_stream.serving import MembersDirectory
 
