@@ -240,6 +240,9 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
         events = metrics_sum(text, "grudge_events_total")
         snaps = metrics_sum(text, "grudge_snapshot_duration_seconds_count")  # checkpoint rounds
         snap_s = metrics_sum(text, "grudge_snapshot_duration_seconds_sum")
+        # The worker's own account of the longest stop for checkpoint work (absent before 0.3).
+        stall_ms = (metrics_sum(text, "grudge_checkpoint_loop_pause_max_seconds") * 1000.0
+                    if b"grudge_checkpoint_loop_pause_max_seconds" in text else float("nan"))
         # What the state cost on the wire while the traffic ran (before the shutdown snapshots).
         snap_records, snap_bytes = topic_bytes(bs, topology.snapshot_topic)
         in_records, in_bytes = topic_bytes(bs, source)
@@ -310,7 +313,7 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
         "worker_cpu_share": cpu_share, "latencies_ms": lat_ms,
         "until_processed_p50_ms": pct(to_proc_ms, 50), "until_processed_p99_ms": pct(to_proc_ms, 99),
         "after_processed_p50_ms": pct(after_ms, 50), "after_processed_p99_ms": pct(after_ms, 99),
-        "traced": len(to_proc_ms), "max_gap_ms": max_gap_ms,
+        "traced": len(to_proc_ms), "max_gap_ms": max_gap_ms, "checkpoint_stall_ms": stall_ms,
         "produced_per_s": produced / args.seconds,
         "processing_lag_s_p50": pct(lag_samples, 50), "processing_lag_s_max": max(lag_samples, default=float("nan")),
     }

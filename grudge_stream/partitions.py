@@ -303,13 +303,19 @@ class PartitionSlot:
             self.metrics.consumer_lag.labels(*self._labels).set(max(0, high - nxt))
 
 
-def snapshot_write(slot: PartitionSlot) -> SnapshotWrite:
-    """``slot``'s state serialized now, with the offset and watermark it reflects."""
+def snapshot_write(slot: PartitionSlot, deferred: bool = False) -> SnapshotWrite:
+    """``slot``'s state serialized now, with the offset and watermark it reflects.
+    ``deferred``: only copied now (``Operator.snapshot_taken``), serialized by
+    ``SnapshotWrite.serialized`` later, off the loop."""
     op = slot.operator
     slot.unsnapshotted_at_take = slot.unsnapshotted
-    return SnapshotWrite(op.operator_id, slot.partition, op.snapshot(), op.next_offset, op.watermark,
+    if deferred:
+        blob, make = b"", op.snapshot_taken()
+    else:
+        blob, make = op.snapshot(), None
+    return SnapshotWrite(op.operator_id, slot.partition, blob, op.next_offset, op.watermark,
                          op.fingerprint, slot.topology.source_topic, slot.partition_count,
-                         slot.topology.app_id)
+                         slot.topology.app_id, make)
 
 
 def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
@@ -338,7 +344,7 @@ def checkpoint_slots(slots: Sequence[PartitionSlot], store: CheckpointStore,
 
     def writes():
         for slot, write in zip(dirty, taken) if taken is not None else ((s, None) for s in dirty):
-            write = write if write is not None else snapshot_write(slot)
+            write = write.serialized() if write is not None else snapshot_write(slot)
             sizes.append(len(write.blob))
             yield write
 

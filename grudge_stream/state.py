@@ -235,8 +235,9 @@ class SketchState(Generic[OpT]):
         return cast(OpT, slot.operator)
 
     def take_snapshots(self, positions: Mapping[int, int] | None = None) -> list[SnapshotWrite]:
-        """The snapshots of every partition changed since its last one, serialized now (call
-        it where no event is being applied: a batch boundary). ``positions``: per partition,
+        """The snapshots of every partition changed since its last one, the state copied now
+        (call it where no event is being applied: a batch boundary; a sketch's copy is a
+        memcpy) and serialized by ``write_snapshots``, off your loop. ``positions``: per partition,
         an offset every record below which your code has finished with (a consumer's
         processed position); the snapshot then covers them even if none changed the state."""
         core = self._core()

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -97,6 +97,13 @@ class SnapshotWrite:
     source_topic: str
     partition_count: int
     app_id: str = ""  # the deployment that wrote it (its consumer group)
+    # A state copied but not serialized yet (``partitions.snapshot_write(deferred=True)``):
+    # ``serialized()`` makes ``blob`` from it.
+    make: Callable[[], bytes] | None = None
+
+    def serialized(self) -> SnapshotWrite:
+        """This write with its blob made (itself when it has one)."""
+        return self if self.make is None else replace(self, blob=self.make(), make=None)
 
 
 @dataclass

@@ -36,7 +36,7 @@ import abc
 import base64
 import hashlib
 import time
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from grudge_stream import envelope
 from grudge_stream.exceptions import ConfigError, MismatchError, SnapshotError
@@ -454,9 +454,22 @@ class Operator(abc.ABC):
     def memory_bytes(self) -> int:
         return 0
 
+    def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], bytes]]]:
+        """``state_sections`` as a consistent copy taken now, serialized later (maybe on
+        another thread): each section its bytes, or a function of a private copy of the
+        state that makes them. The default serializes at once; an operator whose sketch can
+        ``copy()`` (a memcpy) defers that sketch's serialization."""
+        return list(self.state_sections())
+
     def snapshot(self) -> bytes:
         """The full state as one checksummed blob, tagged with the next offset it reflects."""
-        sections = self.state_sections()
+        return self.snapshot_taken()()
+
+    def snapshot_taken(self) -> Callable[[], bytes]:
+        """``snapshot`` in two steps: the state copied now (at a batch boundary, on the
+        loop), the blob made by calling the result (off the loop: no later processing
+        changes it)."""
+        taken = self.state_sections_taken()
         header = {
             "snapshot_version": SNAPSHOT_VERSION,
             "operator_kind": self.kind,
@@ -468,11 +481,15 @@ class Operator(abc.ABC):
             "partition": self.partition,
             "next_offset": self.next_offset,
             "watermark": self.watermark,
-            "counters": self.counters,
+            "counters": dict(self.counters),
             "scalars": {**self.state_scalars(), **{"next_" + n: t for n, t in self.timers.items()}},
-            "sections": [[name, len(data)] for name, data in sections],
         }
-        return envelope.pack(envelope.KIND_OPERATOR, header, b"".join(d for _, d in sections))
+
+        def make() -> bytes:
+            sections = [(name, data if isinstance(data, bytes) else data()) for name, data in taken]
+            header["sections"] = [[name, len(data)] for name, data in sections]
+            return envelope.pack(envelope.KIND_OPERATOR, header, b"".join(d for _, d in sections))
+        return make
 
     def restore(self, blob: bytes) -> None:
         """Adopt a snapshot of this very operator (same config, topic and partition).

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from grudge_stream.exceptions import ConfigError, MismatchError
 from grudge_stream.operators.base import Operator
@@ -183,6 +183,9 @@ class RateLimitOperator(Operator):
 
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("sketch", self.bucket.sketch.to_bytes())]
+
+    def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], bytes]]]:
+        return [("sketch", self.bucket.sketch.copy().to_bytes)]
 
     def load_sections(self, sections: dict, scalars: dict) -> None:
         from grudge_stream import ScoreSketch

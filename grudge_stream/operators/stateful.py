@@ -1,7 +1,7 @@
 """State shared by several operators: a sketch with an alert latch, or a forgetting Bloom."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from grudge_stream.exceptions import MismatchError
 from grudge_stream.operators.alerts import AlertLatch
@@ -71,6 +71,12 @@ class SketchAlertOperator(Operator):
 
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
+
+    def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], bytes]]]:
+        copy = getattr(self.sketch, "copy", None)
+        if copy is None:
+            return list(self.state_sections())
+        return [("sketch", copy().to_bytes), ("latch", self.latch.to_bytes())]
 
     def state_scalars(self) -> dict:
         return {"latch_evictions": self.latch.evictions}

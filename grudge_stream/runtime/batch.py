@@ -66,8 +66,9 @@ log = logging.getLogger("grudge_stream.batch")
 class SnapshotWriter:
     """One at-least-once snapshot round written off the consume loop.
 
-    The loop serializes the due partitions at a batch boundary (``snapshot_write``: a
-    consistent copy) and notes the output stream's position; this thread produces every
+    The loop copies the due partition's state at a batch boundary (``snapshot_write``
+    deferred: a memcpy of its tables) and notes the output stream's position; this thread
+    serializes the copy (the envelopes and their checksums), produces every
     chunk and waits for their acknowledgements while processing goes on; the loop then
     ``release``s the manifests once every output produced before the copy is delivered
     (so a snapshot never covers an undelivered output); the thread writes them, and the
@@ -78,7 +79,7 @@ class SnapshotWriter:
         self.store = store
         self.slots = slots
         self.writes = writes
-        self.sizes = [len(w.blob) for w in writes]
+        self.sizes: list[int] = []
         self.mark = mark
         self.t0 = time.perf_counter()
         self.chunks_done = threading.Event()
@@ -92,7 +93,9 @@ class SnapshotWriter:
 
     def _run(self) -> None:
         try:
-            writes, self.writes = self.writes, []
+            # Serialized here, off the loop: the loop only copied the state.
+            writes, self.writes = [w.serialized() for w in self.writes], []
+            self.sizes = [len(w.blob) for w in writes]
             pending = self.store.write_chunks(writes)
             del writes
             self.chunks_done.set()
@@ -273,6 +276,7 @@ class BatchWorker(WorkerCore):
                     self._process(msgs, with_headers)
                     if len(msgs) >= self.batch_size:  # a backlog: the speed a replay reads and applies at
                         self.rate.observe(len(msgs), time.perf_counter() - t0)
+                t1 = time.perf_counter()
                 if self.transaction is None:
                     self._commit_if_due()
                     self._finish_writer()
@@ -281,6 +285,7 @@ class BatchWorker(WorkerCore):
                     self._transaction_round()
                 if self.cadence.due() and self.transaction is None:
                     self._snapshot_round()
+                self.metrics.checkpoint_paused(time.perf_counter() - t1)
                 self.waiting.tick(len(self.assigned))
                 self.record_lag(log_end)
                 self.record_replay()
@@ -412,7 +417,8 @@ class BatchWorker(WorkerCore):
         while self._snapshot_queue:
             slot = self.slots.get(self._snapshot_queue.pop(0))
             if slot is not None and slot.dirty:
-                self.writer = SnapshotWriter(self.store, [slot], [snapshot_write(slot)], self.publisher.mark())
+                self.writer = SnapshotWriter(self.store, [slot], [snapshot_write(slot, deferred=True)],
+                                             self.publisher.mark())
                 return
 
     def _finish_writer(self, wait: bool = False) -> None:

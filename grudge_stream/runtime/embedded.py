@@ -45,8 +45,9 @@ class EmbeddedCore(WorkerCore):
         self.publisher.publish(outputs)
 
     def take_snapshots(self, partitions=None) -> list[SnapshotWrite]:
-        """Serialize every changed slot of ``partitions`` (default: all) now."""
-        return [snapshot_write(slot) for slot in self.dirty(partitions)]
+        """Copy the state of every changed slot of ``partitions`` (default: all) now; each
+        is serialized where it is written (``write_taken``, off the event loop)."""
+        return [snapshot_write(slot, deferred=True) for slot in self.dirty(partitions)]
 
     def write_taken(self, taken: list[SnapshotWrite], should_stop: Callable[[], bool] | None) -> dict[int, int]:
         """Outputs delivered, then ``taken`` written; commit limits raised to them."""
