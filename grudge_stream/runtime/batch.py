@@ -54,59 +54,13 @@ from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
-from grudge_stream.partitions import PartitionSlot, snapshot_write, snapshots_written
+from grudge_stream.partitions import PartitionSlot
 from grudge_stream.runtime.core import Transaction, WorkerCore
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
 
 log = logging.getLogger("grudge_stream.batch")
-
-
-class SnapshotWriter:
-    """One at-least-once snapshot round written off the consume loop.
-
-    The loop copies the due partition's state at a batch boundary (``snapshot_write``
-    deferred: a memcpy of its tables) and notes the output stream's position; this thread
-    serializes the copy (the envelopes and their checksums), produces every
-    chunk and waits for their acknowledgements while processing goes on; the loop then
-    ``release``s the manifests once every output produced before the copy is delivered
-    (so a snapshot never covers an undelivered output); the thread writes them, and the
-    loop does the bookkeeping when ``done``.
-    """
-
-    def __init__(self, store, slots: list[PartitionSlot], writes: list, mark: int) -> None:
-        self.store = store
-        self.slots = slots
-        self.writes = writes
-        self.sizes: list[int] = []
-        self.mark = mark
-        self.t0 = time.perf_counter()
-        self.chunks_done = threading.Event()
-        self.release = threading.Event()
-        self.cancelled = threading.Event()
-        self.done = threading.Event()
-        self.refs: list | None = None
-        self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._run, name="grudge-snapshot-writer", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            # Serialized here, off the loop: the loop only copied the state.
-            writes, self.writes = [w.serialized() for w in self.writes], []
-            self.sizes = [len(w.blob) for w in writes]
-            pending = self.store.write_chunks(writes)
-            del writes
-            self.chunks_done.set()
-            while not self.release.wait(0.05):
-                if self.cancelled.is_set():
-                    raise CheckpointError("snapshot round cancelled: outputs it covers were not delivered")
-            self.refs = self.store.write_manifests(pending)
-        except Exception as exc:  # noqa: BLE001 - the loop reports it as a failed round
-            self.error = exc
-        finally:
-            self.done.set()
 
 
 # How often the interpreter hands its lock to a waiting thread while the web port is open
@@ -142,8 +96,6 @@ class BatchWorker(WorkerCore):
         # budget or its snapshot_max_age_s is spent.
         self.committed: dict[int, int] = {}
         self._pending_commit: tuple[int, dict[int, int]] | None = None
-        self.writer: SnapshotWriter | None = None
-        self._snapshot_queue: list[int] = []  # due partitions, copied one per batch boundary
         conf = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.app_id,
@@ -205,7 +157,7 @@ class BatchWorker(WorkerCore):
         self.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
         self.in_group = True
         self.metrics.assigned.set(len(self.assigned))
-        self._finish_writer(wait=True)
+        self.finish_writer(wait=True)
         ours = [tp.partition for tp in partitions if tp.topic == self.topic]
         # The core's admin client, never the consumer inside its own rebalance callback.
         committed = self.group_committed(ours)
@@ -226,7 +178,7 @@ class BatchWorker(WorkerCore):
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
-        self._finish_writer(wait=True)
+        self.finish_writer(wait=True)
         self._pending_commit = None
         # Eager: every partition goes and a new assignment follows. Cooperative: only these go,
         # and the member stays in the group.
@@ -279,12 +231,12 @@ class BatchWorker(WorkerCore):
                 t1 = time.perf_counter()
                 if self.transaction is None:
                     self._commit_if_due()
-                    self._finish_writer()
-                    self._snapshot_next()
+                    self.finish_writer()
+                    self.snapshot_next()
                 elif self.commits.due() or self.cadence.due():
                     self._transaction_round()
                 if self.cadence.due() and self.transaction is None:
-                    self._snapshot_round()
+                    self.snapshot_round()
                 self.metrics.checkpoint_paused(time.perf_counter() - t1)
                 self.waiting.tick(len(self.assigned))
                 self.record_lag(log_end)
@@ -292,7 +244,7 @@ class BatchWorker(WorkerCore):
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 with self.shutdown_progress("final snapshots"):
-                    self._finish_writer(wait=True)
+                    self.finish_writer(wait=True)
                     self.checkpoint()
             except DeliveryError as exc:
                 log.error("final snapshots not written: %s; the next owner replays from the last snapshot", exc)
@@ -400,72 +352,21 @@ class BatchWorker(WorkerCore):
             if moved:
                 self._pending_commit = (publisher.mark(), moved)
 
-    def _snapshot_round(self) -> None:
-        """At-least-once: the partitions whose budget is spent are queued; ``_snapshot_next``
-        copies them one at a time at batch boundaries (the loop pauses for one partition's
-        copy, not for all of them), each written by a ``SnapshotWriter`` while processing
-        goes on."""
-        self.cadence.done()
-        if self.no_more_snapshots or self._snapshot_queue:
-            return
-        self._snapshot_queue = [s.partition for s in self.due_snapshots()]
-        self._snapshot_next()
-
-    def _snapshot_next(self) -> None:
-        if self.writer is not None or self.no_more_snapshots:
-            return
-        while self._snapshot_queue:
-            slot = self.slots.get(self._snapshot_queue.pop(0))
-            if slot is not None and slot.dirty:
-                self.writer = SnapshotWriter(self.store, [slot], [snapshot_write(slot, deferred=True)],
-                                             self.publisher.mark())
-                return
-
-    def _finish_writer(self, wait: bool = False) -> None:
-        """Move the background round on: release its manifests once the outputs it covers are
-        delivered; its bookkeeping once written. ``wait``: until it is done (revocation,
-        shutdown, a new assignment), flushing the outputs first."""
-        w = self.writer
-        if w is None:
-            return
-        if not w.release.is_set():
-            if wait:
-                try:
-                    self.publisher.flush(should_stop=self.is_stopping)
-                except DeliveryError:
-                    w.cancelled.set()
-                else:
-                    w.release.set()
-            elif w.chunks_done.is_set():
-                if self.publisher.has_failures():
-                    try:
-                        self.publisher.flush(should_stop=self.is_stopping)
-                    except DeliveryError:
-                        w.cancelled.set()
-                if not w.cancelled.is_set() and self.publisher.delivered_through(w.mark):
-                    w.release.set()
-        if wait:
-            w.done.wait()
-        if not w.done.is_set():
-            return
-        self.writer = None
-        if w.error is not None:
-            if not self.no_more_snapshots:
-                self.round_failed(w.error)
-            return
-        live = [(s, r, n) for s, r, n in zip(w.slots, w.refs or [], w.sizes) if self.slots.get(s.partition) is s]
-        if live:
-            snapshots_written(*map(list, zip(*live)), time.perf_counter() - w.t0)
-
     def _transaction_round(self) -> None:
         """Exactly-once: every ``commit_interval_s`` the open transaction commits the outputs
-        and the offsets reached; the partitions whose snapshot budget is spent are snapshotted
-        in it."""
+        and the offsets reached. The partitions whose snapshot budget is spent are queued
+        and snapshotted in these transactions one per round, so a round stops processing
+        for one partition's snapshot, not for all of the due ones."""
         txn = self.transaction
-        due: list[PartitionSlot] = []
         if self.cadence.due():
             self.cadence.done()
-            due = self.due_snapshots() if not self.no_more_snapshots else []
+            if not self.no_more_snapshots and not self._snapshot_queue:
+                self._snapshot_queue = [s.partition for s in self.due_snapshots()]
+        due: list[PartitionSlot] = []
+        while self._snapshot_queue and not due and not self.no_more_snapshots:
+            slot = self.slots.get(self._snapshot_queue.pop(0))
+            if slot is not None and slot.dirty:
+                due.append(slot)
         self.commits.done()
         moved = self._moved()
         if not txn.open and not moved and not due:
@@ -479,14 +380,6 @@ class BatchWorker(WorkerCore):
             self.round_failed(exc)  # raises: a failed transaction ends the worker
         self.committed.update(moved)
         self.metrics.commits.labels(self.topology.operator_id).inc()
-
-    def _periodic_checkpoint(self) -> None:
-        """A checkpoint round whose failure (a broker outage, say) is logged, not fatal
-        (``WorkerCore.round_failed``)."""
-        try:
-            self.checkpoint()
-        except (CheckpointError, DeliveryError) as exc:
-            self.round_failed(exc)
 
     def _start_http(self) -> None:
         worker = self

@@ -44,14 +44,15 @@ from grudge_stream.checkpoint import (
     CheckpointStore,
     watermarks,
 )
-from grudge_stream.exceptions import ConfigError, DeliveryError
+from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.health import AssignmentWatch, BrokerProbe, readiness
 from grudge_stream.kafkaconf import FAST_CONSUMER, client_config, producer_config
 from grudge_stream.liveness import Liveness
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import group_source_records
 from grudge_stream.outputs import OutputPublisher
-from grudge_stream.partitions import PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition
+from grudge_stream.partitions import (PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition,
+                                      snapshot_write, snapshots_written)
 from grudge_stream.serving import MembersDirectory, PartitionerCheck, ScoreQueries, advertised_url
 from grudge_stream.settings import setting
 from grudge_stream.signing import SigningKeys
@@ -158,6 +159,52 @@ def _resume(call: Callable[[], Any]) -> None:
                 "transaction not committed yet (%s); calling again", err.str())
 
 
+class SnapshotWriter:
+    """One at-least-once snapshot round written off the consume loop.
+
+    The loop copies the due partition's state at a batch boundary (``snapshot_write``
+    deferred: a memcpy of its tables) and notes the output stream's position; this thread
+    serializes the copy (the envelopes and their checksums), produces every
+    chunk and waits for their acknowledgements while processing goes on; the loop then
+    ``release``s the manifests once every output produced before the copy is delivered
+    (so a snapshot never covers an undelivered output); the thread writes them, and the
+    loop does the bookkeeping when ``done``.
+    """
+
+    def __init__(self, store, slots: list[PartitionSlot], writes: list, mark: int) -> None:
+        self.store = store
+        self.slots = slots
+        self.writes = writes
+        self.sizes: list[int] = []
+        self.mark = mark
+        self.t0 = time.perf_counter()
+        self.chunks_done = threading.Event()
+        self.release = threading.Event()
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.refs: list | None = None
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, name="grudge-snapshot-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            # Serialized here, off the loop: the loop only copied the state.
+            writes, self.writes = [w.serialized() for w in self.writes], []
+            self.sizes = [len(w.blob) for w in writes]
+            pending = self.store.write_chunks(writes)
+            del writes
+            self.chunks_done.set()
+            while not self.release.wait(0.05):
+                if self.cancelled.is_set():
+                    raise CheckpointError("snapshot round cancelled: outputs it covers were not delivered")
+            self.refs = self.store.write_manifests(pending)
+        except Exception as exc:  # noqa: BLE001 - the loop reports it as a failed round
+            self.error = exc
+        finally:
+            self.done.set()
+
+
 class WorkerCore:
     """The state and bookkeeping of one worker, whichever runtime feeds it.
 
@@ -198,6 +245,10 @@ class WorkerCore:
         self.replay_budget_s = setting(settings, "snapshot_replay_budget_s")
         self.snapshot_max_age_s = setting(settings, "snapshot_max_age_s")
         self.rate = ProcessingRate()
+        # The at-least-once background snapshot in flight, and the due partitions waiting
+        # for their copy (one per batch boundary): snapshot_round / snapshot_next / finish_writer.
+        self.writer: SnapshotWriter | None = None
+        self._snapshot_queue: list[int] = []
         self._replay_recorded = 0.0
         # Offsets commit every commit_interval_s, apart from snapshots.
         self.commits = CheckpointCadence(setting(settings, "commit_interval_s"))
@@ -366,6 +417,63 @@ class WorkerCore:
             if o > self.commit_limits.get(p, -1):
                 self.commit_limits[p] = o
         self.cadence.done()
+
+    def snapshot_round(self) -> None:
+        """At-least-once: the partitions whose budget is spent are queued; ``snapshot_next``
+        copies them one at a time at batch boundaries (the loop pauses for one partition's
+        copy, not for all of them), each written by a ``SnapshotWriter`` while processing
+        goes on."""
+        self.cadence.done()
+        if self.no_more_snapshots or self._snapshot_queue:
+            return
+        self._snapshot_queue = [s.partition for s in self.due_snapshots()]
+        self.snapshot_next()
+
+    def snapshot_next(self) -> None:
+        if self.writer is not None or self.no_more_snapshots:
+            return
+        while self._snapshot_queue:
+            slot = self.slots.get(self._snapshot_queue.pop(0))
+            if slot is not None and slot.dirty:
+                self.writer = SnapshotWriter(self.store, [slot], [snapshot_write(slot, deferred=True)],
+                                             self.publisher.mark())
+                return
+
+    def finish_writer(self, wait: bool = False) -> None:
+        """Move the background round on: release its manifests once the outputs it covers are
+        delivered; its bookkeeping once written. ``wait``: until it is done (revocation,
+        shutdown, a new assignment), flushing the outputs first."""
+        w = self.writer
+        if w is None:
+            return
+        if not w.release.is_set():
+            if wait:
+                try:
+                    self.publisher.flush(should_stop=self.is_stopping)
+                except DeliveryError:
+                    w.cancelled.set()
+                else:
+                    w.release.set()
+            elif w.chunks_done.is_set():
+                if self.publisher.has_failures():
+                    try:
+                        self.publisher.flush(should_stop=self.is_stopping)
+                    except DeliveryError:
+                        w.cancelled.set()
+                if not w.cancelled.is_set() and self.publisher.delivered_through(w.mark):
+                    w.release.set()
+        if wait:
+            w.done.wait()
+        if not w.done.is_set():
+            return
+        self.writer = None
+        if w.error is not None:
+            if not self.no_more_snapshots:
+                self.round_failed(w.error)
+            return
+        live = [(s, r, n) for s, r, n in zip(w.slots, w.refs or [], w.sizes) if self.slots.get(s.partition) is s]
+        if live:
+            snapshots_written(*map(list, zip(*live)), time.perf_counter() - w.t0)
 
     def checkpoint(self, partitions=None) -> None:
         """One checkpoint round, blocking: snapshots of every changed partition of

@@ -392,26 +392,27 @@ class FaustRuntime(WorkerCore):
             except DeliveryError as exc:
                 self.round_failed(exc)
         self.advance_commit_limits()
+        # Snapshots in the background (WorkerCore.snapshot_round): the partitions whose
+        # budget is spent are copied one at a time here, between batches, and written by a
+        # SnapshotWriter thread while processing goes on; a failed round is logged, not fatal.
+        self.finish_writer()
+        self.snapshot_next()
         if self.cadence.due():
-            await self._periodic_checkpoint()
-
-    async def _periodic_checkpoint(self) -> None:
-        """A checkpoint round of the partitions whose snapshot budget is spent
-        (``WorkerCore.due_snapshots``); its failure is logged, not fatal (``round_failed``)."""
-        try:
-            await self._checkpoint([s.partition for s in self.due_snapshots()])
-        except (CheckpointError, DeliveryError) as exc:
-            self.round_failed(exc)
+            self.snapshot_round()
 
     async def _checkpoint(self, partitions: list[int]) -> None:
-        """``WorkerCore.checkpoint`` with the writes in an executor and the bookkeeping (commit
+        """On revocation and shutdown: the background round finished first, then
+        ``WorkerCore.checkpoint`` with the writes in an executor and the bookkeeping (commit
         limits, which the consumer reads on the loop) on the loop."""
+        loop = asyncio.get_running_loop()
+        if self.writer is not None:
+            await loop.run_in_executor(None, lambda: self.finish_writer(wait=True))
         if self.no_more_snapshots:
             return
         dirty = self.dirty(partitions)
         offsets = {}
         if dirty:
-            offsets = await asyncio.get_running_loop().run_in_executor(None, self.write_snapshots, dirty)
+            offsets = await loop.run_in_executor(None, self.write_snapshots, dirty)
         self.checkpointed(offsets)
 
     def _log_end(self, p: int) -> int | None:
@@ -422,7 +423,8 @@ class FaustRuntime(WorkerCore):
         if self.consumer is not None:
             self.record_lag(self._log_end)
         self.record_replay()
-        if self.cadence.due() or self.commits.due() or self._pending_limits is not None:
+        if (self.cadence.due() or self.commits.due() or self._pending_limits is not None
+                or self.writer is not None or self._snapshot_queue):
             async with self.lock:
                 await self._checkpoint_if_due()
 
