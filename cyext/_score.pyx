@@ -882,12 +882,19 @@ cdef class ScoreSketch(_ScoreKernel):
 
     def to_bytes(self):
         """A versioned, checksummed snapshot (format: docs/score-sketch.md)."""
+        return self.to_bytes_later()()
+
+    def to_bytes_later(self):
+        """``to_bytes`` in two steps: the cells copied now (one memcpy), the snapshot made
+        by calling the result, later and on any thread (the sketch may change meanwhile)."""
         arr, wm = self._cells_copy()
-        if not _LITTLE:
-            arr = arr.astype(_CELL_LE)
         header = {"config": self._config.to_dict(),
                   "watermark_ms": None if wm == INT64_MIN else wm}
-        return _envelope.pack(_envelope.KIND_SCORE_SKETCH, header, arr.view(np.uint8))
+
+        def make():
+            return _envelope.pack(_envelope.KIND_SCORE_SKETCH, header,
+                                  (arr if _LITTLE else arr.astype(_CELL_LE)).view(np.uint8))
+        return make
 
     @classmethod
     def from_bytes(cls, data, *, clock=None):

@@ -185,7 +185,8 @@ class RateLimitOperator(Operator):
         return [("sketch", self.bucket.sketch.to_bytes())]
 
     def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], bytes]]]:
-        return [("sketch", self.bucket.sketch.copy().to_bytes)]
+        later = getattr(self.bucket.sketch, "to_bytes_later", None)
+        return [("sketch", later())] if later is not None else list(self.state_sections())
 
     def load_sections(self, sections: dict, scalars: dict) -> None:
         from grudge_stream import ScoreSketch

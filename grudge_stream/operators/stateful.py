@@ -73,10 +73,10 @@ class SketchAlertOperator(Operator):
         return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
 
     def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], bytes]]]:
-        copy = getattr(self.sketch, "copy", None)
-        if copy is None:
+        later = getattr(self.sketch, "to_bytes_later", None)
+        if later is None:
             return list(self.state_sections())
-        return [("sketch", copy().to_bytes), ("latch", self.latch.to_bytes())]
+        return [("sketch", later()), ("latch", self.latch.to_bytes())]
 
     def state_scalars(self) -> dict:
         return {"latch_evictions": self.latch.evictions}

@@ -26,7 +26,7 @@ Format: ``docs/score-sketch.md`` ("Split-sign scores").
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -175,9 +175,19 @@ class SplitScoreSketch:
 
     def to_bytes(self) -> bytes:
         """Both halves in one checksummed envelope (docs/score-sketch.md)."""
-        a, b = self.pos.to_bytes(), self.neg.to_bytes()
-        header = {"format": _FORMAT, "lo": self.lo, "hi": self.hi, "halves": [len(a), len(b)]}
-        return envelope.pack(envelope.KIND_SPLIT_SCORE, header, a + b)
+        return self.to_bytes_later()()
+
+    def to_bytes_later(self) -> Callable[[], bytes]:
+        """``to_bytes`` in two steps: both halves' cells copied now, the snapshot made by
+        calling the result (later, on any thread)."""
+        later_a, later_b = self.pos.to_bytes_later(), self.neg.to_bytes_later()
+        lo, hi = self.lo, self.hi
+
+        def make() -> bytes:
+            a, b = later_a(), later_b()
+            header = {"format": _FORMAT, "lo": lo, "hi": hi, "halves": [len(a), len(b)]}
+            return envelope.pack(envelope.KIND_SPLIT_SCORE, header, a + b)
+        return make
 
     @classmethod
     def from_bytes(cls, data: Any, *, clock: Any = None) -> SplitScoreSketch:
