@@ -395,3 +395,26 @@ def test_dead_letter_reasons_fall_into_few_classes() -> None:
     for reason, cls in cases.items():
         assert reason_class(reason) == cls, reason
     assert set(cases.values()) == set(REASON_CLASSES)
+
+
+@pytest.mark.parametrize("name", ["abuse_scores", "rate_limit", "heavy_hitters", "dedup", "known_keys"])
+def test_a_snapshot_taken_now_and_made_later_is_the_state_at_the_take(name) -> None:
+    """Background snapshots: the copy at the take, serialized after more records changed
+    the live state, is byte for byte the snapshot an eager call would have written then."""
+    from grudge_stream.topology import Settings, load_topology
+
+    topo = load_topology(name, Settings({"insecure_public_seed": "true"}, environ={}))
+    value = {"abuse_scores": b'{"outcome":"bad"}', "rate_limit": b'{"cost": 1}', "heavy_hitters": b"1",
+             "dedup": b"x", "known_keys": b'{"event": "accepted"}'}[name]
+    op = topo.make_operator(0)
+    t = 1_700_000_000_000
+    recs = [SourceRecord(topo.source_topic, 0, i, t + i * 10, b"k%d" % (i % 37), value) for i in range(600)]
+    op.process(recs[:300])
+    later = op.snapshot_taken()
+    eager = op.snapshot()
+    op.process(recs[300:])
+    assert op.snapshot() != eager  # the live state moved on
+    assert later() == eager
+    back = topo.make_operator(0)
+    back.restore(later())
+    assert back.snapshot() == eager
