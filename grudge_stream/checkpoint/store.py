@@ -27,6 +27,7 @@ the broker aborts it after its ``transaction.timeout.ms`` — and raises
 """
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -253,6 +254,18 @@ class CheckpointStore:
                     )
                 time.sleep(0.2)
         return self._partitions
+
+    def sibling(self) -> CheckpointStore:
+        """A store on the same topic with a producer of its own (made on first write) that
+        shares this one's record of the newest generations. An exactly-once worker writes its
+        background snapshots with it, outside the transaction (grudge_stream.runtime.core);
+        never use both from two threads at once."""
+        other = copy.copy(self)
+        other._producer = None
+        other._own_producer = True
+        other._peeker = None
+        other._peeker_lock = threading.Lock()
+        return other
 
     def snapshot_partition(self, partition: int) -> int:
         return partition % self.partitions()

@@ -22,8 +22,11 @@ they go to the operators in one call per partition.
   state may be ahead of its outputs).
 - **Exactly-once outputs** (``exactly_once=true``): a transactional producer
   carries the outputs and the source offsets (``send_offsets_to_transaction``)
-  of each ``commit_interval_s``, with the snapshots then due, in one
-  transaction; a ``read_committed`` consumer of the alert topic then sees each
+  of each ``commit_interval_s`` in one transaction. Periodic snapshots are
+  written in the background by a plain producer, and a manifest only once a
+  transaction holding every output before its copy has committed (a snapshot
+  never covers an output that may still abort); the snapshots of revocation and
+  shutdown go into the transaction. A ``read_committed`` consumer of the alert topic then sees each
   alert exactly once across crashes. Give each worker a stable
   ``group_instance_id`` (it names the transactional id), so a restarted worker
   aborts its predecessor's open transaction at once instead of waiting for the
@@ -54,7 +57,6 @@ from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
-from grudge_stream.partitions import PartitionSlot
 from grudge_stream.runtime.core import Transaction, WorkerCore
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
@@ -231,11 +233,11 @@ class BatchWorker(WorkerCore):
                 t1 = time.perf_counter()
                 if self.transaction is None:
                     self._commit_if_due()
-                    self.finish_writer()
-                    self.snapshot_next()
-                elif self.commits.due() or self.cadence.due():
+                elif self.commits.due():
                     self._transaction_round()
-                if self.cadence.due() and self.transaction is None:
+                self.finish_writer()
+                self.snapshot_next()
+                if self.cadence.due():
                     self.snapshot_round()
                 self.metrics.checkpoint_paused(time.perf_counter() - t1)
                 self.waiting.tick(len(self.assigned))
@@ -261,6 +263,8 @@ class BatchWorker(WorkerCore):
             if self._http is not None:
                 self._http.shutdown()
             self.store.close()
+            if self._background_store is not None:
+                self._background_store.close()
 
     def _log_end(self, p: int) -> int:
         """The log end offset librdkafka learned with its fetches."""
@@ -354,27 +358,16 @@ class BatchWorker(WorkerCore):
 
     def _transaction_round(self) -> None:
         """Exactly-once: every ``commit_interval_s`` the open transaction commits the outputs
-        and the offsets reached. The partitions whose snapshot budget is spent are queued
-        and snapshotted in these transactions one per round, so a round stops processing
-        for one partition's snapshot, not for all of the due ones."""
+        and the offsets reached. Periodic snapshots are not in it: they are written in the
+        background like at-least-once ones, their manifests once a transaction holding every
+        output before their copy has committed (``WorkerCore.finish_writer``)."""
         txn = self.transaction
-        if self.cadence.due():
-            self.cadence.done()
-            if not self.no_more_snapshots and not self._snapshot_queue:
-                self._snapshot_queue = [s.partition for s in self.due_snapshots()]
-        due: list[PartitionSlot] = []
-        while self._snapshot_queue and not due and not self.no_more_snapshots:
-            slot = self.slots.get(self._snapshot_queue.pop(0))
-            if slot is not None and slot.dirty:
-                due.append(slot)
         self.commits.done()
         moved = self._moved()
-        if not txn.open and not moved and not due:
+        if not txn.open and not moved:
             return
         try:
             txn.begin()
-            if due:
-                self.write_snapshots(due)
             txn.commit(self.topic, moved)
         except (CheckpointError, DeliveryError) as exc:
             self.round_failed(exc)  # raises: a failed transaction ends the worker

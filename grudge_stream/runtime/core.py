@@ -126,6 +126,7 @@ class Transaction:
         self.producer = producer
         self.group_metadata = group_metadata
         self.open = False
+        self.commits = 0  # transactions committed so far
 
     def begin(self) -> None:
         if not self.open:
@@ -140,6 +141,7 @@ class Transaction:
             _resume(lambda: self.producer.send_offsets_to_transaction(parts, self.group_metadata(), 60))
         _resume(lambda: self.producer.commit_transaction(60))
         self.open = False
+        self.commits += 1
 
 
 def _resume(call: Callable[[], Any]) -> None:
@@ -249,6 +251,7 @@ class WorkerCore:
         # for their copy (one per batch boundary): snapshot_round / snapshot_next / finish_writer.
         self.writer: SnapshotWriter | None = None
         self._snapshot_queue: list[int] = []
+        self._background_store: CheckpointStore | None = None
         self._replay_recorded = 0.0
         # Offsets commit every commit_interval_s, apart from snapshots.
         self.commits = CheckpointCadence(setting(settings, "commit_interval_s"))
@@ -435,9 +438,28 @@ class WorkerCore:
         while self._snapshot_queue:
             slot = self.slots.get(self._snapshot_queue.pop(0))
             if slot is not None and slot.dirty:
-                self.writer = SnapshotWriter(self.store, [slot], [snapshot_write(slot, deferred=True)],
-                                             self.publisher.mark())
+                self.writer = SnapshotWriter(self.background_store(), [slot], [snapshot_write(slot, deferred=True)],
+                                             self._writer_mark())
                 return
+
+    def background_store(self) -> CheckpointStore:
+        """Where background snapshots are written: the store; with exactly-once its sibling
+        with a plain producer of its own (the transactional one serves the loop only)."""
+        if self.transaction is None:
+            return self.store
+        if self._background_store is None:
+            self._background_store = self.store.sibling()
+        return self._background_store
+
+    def _writer_mark(self) -> int:
+        """What a background snapshot's manifest waits for, noted at the copy: at-least-once,
+        the output stream's position (every output before it delivered); exactly-once, the
+        number of committed transactions that includes the one now open (it carries every
+        output before the copy)."""
+        txn = self.transaction
+        if txn is None:
+            return self.publisher.mark()
+        return txn.commits + (1 if txn.open else 0)
 
     def finish_writer(self, wait: bool = False) -> None:
         """Move the background round on: release its manifests once the outputs it covers are
@@ -446,7 +468,16 @@ class WorkerCore:
         w = self.writer
         if w is None:
             return
-        if not w.release.is_set():
+        txn = self.transaction
+        if txn is not None and not w.release.is_set():
+            # Exactly-once: the manifest waits for the commit of the transaction holding every
+            # output before the copy. On revocation and shutdown (``wait``) a round not covered
+            # yet is dropped: the checkpoint that follows snapshots in its transaction.
+            if txn.commits >= w.mark:
+                w.release.set()
+            elif wait:
+                w.cancelled.set()
+        elif not w.release.is_set():
             if wait:
                 try:
                     self.publisher.flush(should_stop=self.is_stopping)
@@ -468,8 +499,8 @@ class WorkerCore:
             return
         self.writer = None
         if w.error is not None:
-            if not self.no_more_snapshots:
-                self.round_failed(w.error)
+            if not self.no_more_snapshots and not (txn is not None and w.cancelled.is_set()):
+                self.round_failed(w.error, background=True)
             return
         live = [(s, r, n) for s, r, n in zip(w.slots, w.refs or [], w.sizes) if self.slots.get(s.partition) is s]
         if live:
@@ -498,11 +529,12 @@ class WorkerCore:
         if self.transaction is not None:
             self.transaction.begin()
 
-    def round_failed(self, exc: Exception) -> None:
+    def round_failed(self, exc: Exception, background: bool = False) -> None:
         """A periodic round failed (a broker outage, say): logged, not fatal; the previous
         snapshot stays current and the next interval tries again. Outputs that could not be
-        delivered while the worker stops end the snapshots (they could cover lost outputs)."""
-        if self.transaction is not None:
+        delivered while the worker stops end the snapshots (they could cover lost outputs).
+        A failed transaction ends the worker; a failed ``background`` snapshot never does."""
+        if self.transaction is not None and not background:
             raise exc
         if isinstance(exc, DeliveryError) and self.is_stopping():
             self.log.error("no snapshot: %s; the next owner replays from the last snapshot", exc)
