@@ -8,6 +8,7 @@ cimport cython
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t, INT64_MIN, INT64_MAX
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.ref cimport Py_REFCNT
 
 from ghash cimport Hasher, set_siphash_key
 
@@ -162,16 +163,24 @@ cdef inline int64_t _clock_now(object now_ms, object clock, bint wall, bint stam
 cdef class _Scratch:
     """A uint64 buffer for one batch's hashes: a reused one up to SCRATCH_MAX entries
     (a fresh large array per batch costs page faults, more than the hashing itself), a
-    temporary one beyond. Calls hold the GIL from hashing to their end, so no two calls
-    share it at once."""
+    temporary one beyond. A call may let another thread in between its hashing and its
+    end (an allocation can run the garbage collector, and with it Python code), so the
+    reused buffer goes to one call at a time: while the view an earlier call took is
+    alive (it holds a reference to the buffer), a call takes an array of its own.
+    Sharing it had two threads' batches swap their keys."""
     cdef object buf
 
     cdef object take(self, Py_ssize_t n):
         if n > SCRATCH_MAX:
             return np.empty(n, dtype=np.uint64)
-        if self.buf is None or self.buf.shape[0] < n:
-            self.buf = np.empty(max(n, 1024), dtype=np.uint64)
-        return self.buf[:n]
+        cdef object buf = self.buf
+        # Free: referenced by self.buf and this local only. Check and slice run with the GIL
+        # held and no Python code between them, so no other take can come in between.
+        if buf is not None and Py_REFCNT(buf) > 2:
+            return np.empty(n, dtype=np.uint64)
+        if buf is None or buf.shape[0] < n:
+            buf = self.buf = np.empty(max(n, 1024), dtype=np.uint64)
+        return buf[:n]
 
 
 cdef tuple _batch_hashes(const Hasher* hasher, _Scratch scratch, object keys):

@@ -115,3 +115,52 @@ def test_forgetting_bloom_rotating_under_readers_never_forgets_the_newest() -> N
 
     _run([writer(i) if i % 2 else reader(i) for i in range(THREADS)])
     assert not errors, errors[:5]
+
+
+def test_a_batch_call_interrupted_after_hashing_keeps_its_own_keys() -> None:
+    """Deterministic: a call whose ``now_ms`` runs Python code (another thread gets in there,
+    after the keys are hashed and before they are applied) still applies its own keys, not
+    the batch another thread hashed meanwhile."""
+    from grudge_stream import DecayingCountMin
+
+    for make, call in (
+        (lambda: ForgettingBloom(capacity=10_000, fp_rate=1e-9, generations=2, period_ms=None, seed=5),
+         lambda sk, keys, now: sk.add_if_absent_many(keys, now_ms=now)),
+        (lambda: DecayingCountMin(depth=4, width=1 << 14, epoch_ms=3_600_000, seed=5),
+         lambda sk, keys, now: sk.increment_many(keys, now_ms=now)),
+    ):
+        sk = make()
+        a_keys = [b"a%d" % i for i in range(100)]
+        b_keys = [b"b%d" % i for i in range(100)]
+        inside, b_done = threading.Event(), threading.Event()
+
+        class Pause:
+            """A time that lets the other thread run a whole call when it is read."""
+
+            def __index__(self) -> int:
+                if not inside.is_set():
+                    inside.set()
+                    assert b_done.wait(10)
+                return 1_700_000_000_000
+
+            __int__ = __index__
+
+        def a() -> None:
+            call(sk, a_keys, Pause())
+
+        def b() -> None:
+            assert inside.wait(10)
+            call(sk, b_keys, 1_700_000_000_000)
+            b_done.set()
+
+        ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+        ta.start()
+        tb.start()
+        ta.join(20)
+        tb.join(20)
+        assert inside.is_set() and b_done.is_set()
+        if isinstance(sk, ForgettingBloom):
+            assert sk.contains_many(a_keys).all() and sk.contains_many(b_keys).all()
+        else:
+            assert (sk.query_many(a_keys, now_ms=1_700_000_000_000) == 1).all()
+            assert (sk.query_many(b_keys, now_ms=1_700_000_000_000) == 1).all()
