@@ -156,7 +156,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
               else f"{rp.source_topic} (re-keyed by {rp.key_field!r} into {rp.topic})")
     print(f"{source}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
           f"snapshots {topology.snapshot_topic}")
-    for name, (parts, replicas) in sorted(topic_replication(settings.bootstrap_servers, names, conf).items()):
+    for name, (parts, replicas) in sorted(topic_replication(settings.bootstrap_servers, names, conf,
+                                                            expect=set(names) - set(before)).items()):
         print(f"  {name}: {parts} partitions, replication {replicas} ({'exists' if name in before else 'created'})")
     created_source = rp.source_topic if rp is not None else topology.source_topic
     if created_source not in before:

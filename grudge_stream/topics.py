@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
@@ -123,16 +123,23 @@ def create_topics(bootstrap_servers: str, specs: dict[str, tuple[int, dict]], ti
 
 
 def topic_replication(bootstrap_servers: str, names: list[str], client_config: dict | None = None,
-                      timeout: float = 30.0) -> dict[str, tuple[int, int]]:
-    """``{topic: (partitions, replicas)}`` of the topics that exist among ``names``."""
+                      timeout: float = 30.0, expect: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
+    """``{topic: (partitions, replicas)}`` of the topics that exist among ``names``.
+    ``expect``: topics just created; the broker answering may not know them yet (on a
+    cluster, metadata reaches each broker a moment after the create returns), so it is
+    asked again, for up to ``timeout``, until it lists them all."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3, **(client_config or {})})
-    md = admin.list_topics(timeout=timeout)
-    out = {}
-    for name in names:
-        t = md.topics.get(name)
-        if t is not None and t.error is None and t.partitions:
-            out[name] = (len(t.partitions), min(len(p.replicas) for p in t.partitions.values()))
-    return out
+    deadline = time.monotonic() + timeout
+    while True:
+        md = admin.list_topics(timeout=timeout)
+        out = {}
+        for name in names:
+            t = md.topics.get(name)
+            if t is not None and t.error is None and t.partitions:
+                out[name] = (len(t.partitions), min(len(p.replicas) for p in t.partitions.values()))
+        if all(name in out for name in expect) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
 
 
 def broker_default_replication(bootstrap_servers: str, client_config: dict | None = None,
