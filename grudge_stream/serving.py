@@ -559,15 +559,6 @@ class ScoreQueries:
         for p, idxs in local.items():
             self.read_partition(keys, p, n, idxs, results)
 
-    def local_part(self, keys: list[bytes], forward: bool) -> tuple[list[dict | None], dict[str, list[int]]]:
-        """Answer what this worker can; the rest grouped by the owner URL to forward to."""
-        results: list[dict | None] = [None] * len(keys)
-        local: dict[int, list[int]] = {}
-        remote: dict[str, list[int]] = {}
-        n = self.route(keys, forward, 0, len(keys), results, local, remote)
-        self.read_local(keys, n, local, results)
-        return results, remote
-
     def remote_part(self, keys: list[bytes], remote: dict[str, list[int]]) -> dict[int, dict]:
         """Forward each owner its keys (once, marked; several owners at once); blocking: run
         it off an event loop."""

@@ -162,15 +162,15 @@ def _resume(call: Callable[[], Any]) -> None:
 
 
 class SnapshotWriter:
-    """One at-least-once snapshot round written off the consume loop.
+    """One background snapshot round, written off the consume loop.
 
     The loop copies the due partition's state at a batch boundary (``snapshot_write``
     deferred: a memcpy of its tables) and notes the output stream's position; this thread
     serializes the copy (the envelopes and their checksums), produces every
     chunk and waits for their acknowledgements while processing goes on; the loop then
     ``release``s the manifests once every output produced before the copy is delivered
-    (so a snapshot never covers an undelivered output); the thread writes them, and the
-    loop does the bookkeeping when ``done``.
+    (exactly-once: committed), so a snapshot never covers an undelivered output; the thread
+    writes them, and the loop does the bookkeeping when ``done``.
     """
 
     def __init__(self, store, slots: list[PartitionSlot], writes: list, mark: int) -> None:
