@@ -636,6 +636,23 @@ class EmbeddedStateConsumer:
                 break
         return start
 
+    def ack(self, message) -> bool:
+        """Faust's ack, except for a state's source topic while a rebalance runs or for a
+        message fetched before the last one: Faust's streams skip those unprocessed and
+        ack them anyway (so its lag does not grow), but no agent applied them to the
+        state, so they must not move the acked position a snapshot covers. Such a
+        message is fetched again after the rebalance and acked then."""
+        states = self._grudge_states()
+        if states is not None and message.topic in states.topics:
+            app = self.app  # type: ignore[attr-defined]
+            generation = getattr(message, "generation_id", None)
+            if not app.flow_control.is_active() or (
+                    generation is not None and generation != app.consumer_generation_id):
+                message.acked = True
+                self._unacked_messages.discard(message)  # type: ignore[attr-defined]
+                return False
+        return super().ack(message)  # type: ignore[misc]
+
     async def on_partitions_revoked(self, revoked) -> None:
         # Faust drops the revoked partitions' acks before the app's revocation handlers run:
         # keep them for the revocation snapshot and commit (FaustStates.on_revoked).

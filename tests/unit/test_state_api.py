@@ -201,6 +201,36 @@ def test_faust_attach_after_start_is_refused():
         grudge.scores(app, "abuse", source="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
 
 
+def test_messages_faust_skips_unprocessed_do_not_move_the_acked_position():
+    """Faust's streams skip, and still ack, a message that arrives while a rebalance runs
+    (flow suspended) or that was fetched before the last rebalance (an older generation):
+    no agent applied it to the state, so a snapshot must not claim it."""
+    from faust.types import TP
+    from faust.types.tuples import Message
+
+    app = faust.App("embedding-unit-acks", broker="kafka://127.0.0.1:1")
+    grudge.scores(app, "abuse", source="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
+    consumer = app.consumer
+    app.topics._acking_topics.update({"logins", "other"})
+    tp, other = TP("logins", 0), TP("other", 0)
+    consumer._committed_offset[tp] = consumer._committed_offset[other] = 10
+
+    def message(topic: str, offset: int, generation: int) -> Message:
+        return Message(topic, 0, offset, 0.0, 0, None, b"k", b"v", None, generation_id=generation)
+
+    app.consumer_generation_id = 3
+    app.flow_control.suspend()  # a rebalance runs
+    assert consumer.ack(message("logins", 10, 3)) is False
+    assert consumer.grudge_acked_position(tp) == 10
+    assert consumer.ack(message("other", 10, 3)) is True  # other topics: as Faust has it
+    app.flow_control.resume()
+    assert consumer.ack(message("logins", 10, 2)) is False  # fetched before the rebalance
+    assert consumer.grudge_acked_position(tp) == 10
+    assert consumer.ack(message("logins", 10, 3)) is True  # fetched again, processed
+    assert consumer.ack(message("logins", 11, 3)) is True
+    assert consumer.grudge_acked_position(tp) == 12
+
+
 @pytest.mark.parametrize("name", ["abuse_scores", "rate_limit", "heavy_hitters", "dedup", "known_keys",
                                   "heavy_global"])
 def test_reading_a_topology_builds_no_sketch(name, monkeypatch):
