@@ -42,6 +42,8 @@ class Metrics:
             "grudge_outputs_dead_lettered_total",
             "Outputs that could not be delivered (too large, topic missing, refused) and went to the dead-letter topic",
             ["operator", "role"], registry=r)
+        self.idle_ticks = Counter("grudge_idle_ticks_total", "Tick records written into quiet partitions "
+                                  "holding raised keys (idle_tick_s)", ["operator"], registry=r)
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
         self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
         self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)

@@ -277,6 +277,9 @@ COMMON: list[Setting] = [
     S("snapshot_max_age_s", "float", 3600.0, "workers: a changed partition is snapshotted at least this "
       "often, whatever the budget (keep it well below the source topic's retention)", "s", min=0,
       min_inclusive=False),
+    S("idle_tick_s", "float", 0.0, "workers: a partition holding raised keys that gets no record for this long "
+      "is sent a tick record, which moves its watermark to the wall clock so its bans can clear (needs WRITE "
+      "on the source topic; docs/runtime.md, \"Quiet partitions\"); 0: off", "s", min=0),
     S("restore_fallback", "choice", "replay", "when no snapshot is usable (corrupt, missing chunks)",
       choices=("replay", "fail")),
     S("reset_state", "bool", False, "adopt changed state-shaping settings: drop snapshots taken under other "

@@ -58,6 +58,13 @@ class OutputRecord(NamedTuple):
 # (forwarded records keep the source's bytes): docs/runtime.md, "Output ids".
 ID_HEADER = "grudge-id"
 
+# A tick: a record a worker writes into a quiet source partition (``idle_tick_s``) so its
+# watermark, and with it the sweep that clears raised keys, moves on without traffic. It
+# changes no key; any operator reading it treats it so (docs/runtime.md, "Quiet
+# partitions"). The key is no valid public key's by accident: it starts with a NUL byte.
+TICK_KEY = b"\x00grudge-stream-tick"
+TICK_HEADER = "grudge-tick"
+
 
 def output_id(operator_id: str, partition: int, offset: int, kind: str, key: bytes) -> str:
     """Deterministic id of one output: the first 128 bits (hex) of SHA-256 over the

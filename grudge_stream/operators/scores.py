@@ -37,7 +37,7 @@ from grudge_stream.operators.codec import (
     EventCodec,
 )
 from grudge_stream.operators.describe import score_detail, split_score_detail
-from grudge_stream.operators.records import OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
+from grudge_stream.operators.records import TICK_KEY, OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
 from grudge_stream.operators.saturation import score_saturation
 from grudge_stream.operators.sketchconf import (
     build_score_sketch,
@@ -145,6 +145,12 @@ class FeedbackScoreOperator(SketchAlertOperator):
         idx, deltas, ts, bad = _ingest.decode_column(
             keys, values, timestamps, start, codec._cache, codec.decode_value_or_reason,
             codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, codec.allow_empty_keys)
+        if bad and any(keys[i] == TICK_KEY for i, _ in bad):
+            # A tick (a quiet partition's time moving on) among the records: the record path,
+            # which takes it in its place between the events.
+            self.skipped -= start
+            return self.process([SourceRecord(topic, partition, o, t, k, v)
+                                 for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
         tagged: list[tuple[int, int, OutputRecord]] = []
         for i, reason in bad:
             rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])

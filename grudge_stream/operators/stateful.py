@@ -69,6 +69,9 @@ class SketchAlertOperator(Operator):
                 out.append(OutputRecord("alert_state", k, None))
             evicted.clear()
 
+    def wants_tick(self) -> bool:
+        return len(self.latch) > 0
+
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
 

@@ -243,6 +243,7 @@ class BatchWorker(WorkerCore):
                 self.waiting.tick(len(self.assigned))
                 self.record_lag(log_end)
                 self.record_replay()
+                self.ticks.check(self.slots)
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 with self.shutdown_progress("final snapshots"):
@@ -263,6 +264,7 @@ class BatchWorker(WorkerCore):
             if self._http is not None:
                 self._http.shutdown()
             self.store.close()
+            self.ticks.close()
             if self._background_store is not None:
                 self._background_store.close()
 

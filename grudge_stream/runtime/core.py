@@ -51,6 +51,7 @@ from grudge_stream.liveness import Liveness
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import group_source_records
 from grudge_stream.outputs import OutputPublisher
+from grudge_stream.runtime.ticks import IdleTicks
 from grudge_stream.partitions import (PartitionSlot, RestoreOutcome, checkpoint_slots, restore_partition,
                                       snapshot_write, snapshots_written)
 from grudge_stream.serving import MembersDirectory, PartitionerCheck, ScoreQueries, advertised_url
@@ -275,6 +276,9 @@ class WorkerCore:
                                      chunk_delay_s=setting(settings, "snapshot_chunk_delay_s"),
                                      producer=self.producer, open_transaction_wait_s=open_transaction_wait(settings))
         self.broker = BrokerProbe(self.client_config, self.topic)
+        # Ticks into quiet partitions that hold raised keys (grudge_stream.runtime.ticks).
+        self.ticks = IdleTicks(self.topic, setting(settings, "idle_tick_s"), self.client_config,
+                               self.metrics.idle_ticks.labels(topology.operator_id))
         self.waiting = AssignmentWatch(setting(settings, "session_timeout_s"), bool(self.instance_id))
         # Live score queries (grudge_stream.serving): answered from a restored slot, or
         # forwarded to the owner the members directory names (``start_members``).

@@ -423,6 +423,7 @@ class FaustRuntime(WorkerCore):
         if self.consumer is not None:
             self.record_lag(self._log_end)
         self.record_replay()
+        self.ticks.check(self.slots)
         if (self.cadence.due() or self.commits.due() or self._pending_limits is not None
                 or self.writer is not None or self._snapshot_queue):
             async with self.lock:
@@ -445,6 +446,7 @@ class FaustRuntime(WorkerCore):
         except DeliveryError as exc:
             log.error("%s", exc)
         self.store.close()
+        self.ticks.close()
         if self.members is not None:
             await loop.run_in_executor(None, self.members.close)
         if not self.no_more_snapshots:

@@ -10,7 +10,7 @@ import pytest
 from grudge_stream import MismatchError, SnapshotError
 from grudge_stream.operators import EventCodec, SourceRecord
 from grudge_stream.operators.alerts import AlertLatch
-from grudge_stream.operators.records import output_id
+from grudge_stream.operators.records import TICK_KEY, output_id
 from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.operators.heavy import HeavyHitterOperator
 from grudge_stream.operators.scores import FeedbackScoreOperator
@@ -418,3 +418,69 @@ def test_a_snapshot_taken_now_and_made_later_is_the_state_at_the_take(name) -> N
     back = topo.make_operator(0)
     back.restore(later())
     assert back.snapshot() == eager
+
+
+def tick(offset: int, ts: int) -> SourceRecord:
+    return SourceRecord(TOPIC, 0, offset, ts, TICK_KEY, None)
+
+
+def test_a_tick_moves_a_quiet_partitions_time_so_its_bans_clear() -> None:
+    op = score_op()
+    bad = json.dumps({"outcome": "bad"}).encode()
+    recs = [SourceRecord(TOPIC, 0, i, 1_000_000 + i, b"mallory", bad) for i in range(8)]
+    out = op.process(recs)
+    assert [json.loads(o.value)["state"] for o in out if o.role == "alerts"] == ["raised"]
+    assert op.wants_tick()
+    wm = op.watermark
+    # Behind the watermark, or before any event: nothing moves, nothing is dead-lettered.
+    assert op.process([tick(8, wm - 5)]) == [] and op.watermark == wm
+    fresh = score_op()
+    assert fresh.process([tick(0, 5_000_000)]) == [] and fresh.watermark is None
+    # A minute later (lambda 0.05/s: the score decays far below clear_at): cleared, by the tick.
+    out = op.process([tick(9, wm + 60_000)])
+    assert op.watermark == wm + 60_000
+    cleared = [json.loads(o.value) for o in out if o.role == "alerts"]
+    assert [a["state"] for a in cleared] == ["cleared"] and cleared[0]["source"]["offset"] == 9
+    assert not op.wants_tick() and op.counters["ticks"] == 2 and op.counters["dead_letters"] == 0
+    # A tick ahead of the future bound is not trusted.
+    assert op.process([tick(10, 2**50)]) == [] and op.watermark == wm + 60_000
+
+
+@pytest.mark.parametrize("mode", ["single", "split"])
+def test_ticks_among_records_take_the_same_place_on_the_column_path(mode: str) -> None:
+    recs = stream(n=3000, seed=5)
+    mixed = []
+    for i, r in enumerate(recs):
+        mixed.append(r)
+        if i % 400 == 399:  # a tick far ahead: sweeps, then later events are late
+            mixed.append(tick(0, r.timestamp_ms + 30_000))
+    mixed = [r._replace(offset=i) for i, r in enumerate(mixed)]
+    slow, fast = score_op(score_mode=mode), score_op(score_mode=mode)
+    ref = slow.process(mixed)
+    out = []
+    for pos in range(0, len(mixed), 333):
+        chunk = mixed[pos:pos + 333]
+        out += fast.process_columns(TOPIC, 0, [r.offset for r in chunk], [r.timestamp_ms for r in chunk],
+                                    [r.key for r in chunk], [r.value for r in chunk])
+    assert out == ref
+    assert fast.snapshot() == slow.snapshot()
+    assert slow.counters["ticks"] == 7
+    # The ticks moved the clock: the events after each were behind it.
+    assert slow.counters["late"] + slow.counters["late_dropped"] > 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: DedupOperator(operator_id="d", source_topic=TOPIC, partition=0,
+                          bloom={"capacity": 1000, "fp_rate": 0.01, "period_ms": 60_000, "hasher": "siphash",
+                                 "seed": 1}, codec=EventCodec(encoding="raw")),
+    lambda: HeavyHitterOperator(operator_id="h", source_topic=TOPIC, partition=0,
+                                sketch={"depth": 3, "width": 1000, "epoch_ms": 60_000, "hasher": "siphash",
+                                        "seed": 1},
+                                codec=EventCodec(value_field="count"), raise_at=100, clear_at=10),
+])
+def test_every_operator_takes_a_tick_as_time_not_as_a_bad_record(make) -> None:
+    op = make()
+    out = op.process([SourceRecord(TOPIC, 0, 0, 1000, b"k", b"{}" if op.kind != "dedup" else b"x"),
+                      tick(1, 2000)])
+    assert not [o for o in out if o.role == "dead_letters" and o.key == TICK_KEY]
+    assert op.counters["ticks"] == 1 and op.next_offset == 2
