@@ -167,31 +167,11 @@ cdef class ForgettingBloom(_Sketch):
 
     # ------------------------------------------------------------------ properties
 
-    @property
-    def config(self):
-        """The frozen :class:`~grudge_stream.sketches.bloom.BloomConfig`."""
-        return self._config
-
-    @property
-    def capacity(self):
-        return self._config.capacity
-
-    @property
-    def fp_rate(self):
-        return self._config.fp_rate
-
-    @property
-    def generations(self):
-        return self._G
-
-    @property
-    def period_ms(self):
-        return self._config.period_ms
-
-    @property
-    def overload(self):
-        """``"shrink_window"`` or ``"raise_fp"``: what gives way under overload."""
-        return self._config.overload
+    capacity = _from_config("capacity")
+    fp_rate = _from_config("fp_rate")
+    generations = _from_config("generations")
+    period_ms = _from_config("period_ms")
+    overload = _from_config("overload", """``"shrink_window"`` or ``"raise_fp"``: what gives way under overload.""")
 
     @property
     def hashes(self):

@@ -199,6 +199,11 @@ cdef tuple _batch_hashes(const Hasher* hasher, _Scratch scratch, object keys):
 
 # ---- what every sketch holds -----------------------------------------------------------------
 
+def _from_config(name, doc=None):
+    """A read-only property: the sketch's frozen config's field ``name``."""
+    return property(lambda self: getattr(self.config, name), doc=doc)
+
+
 cdef class _Sketch:
     """The base of every sketch kernel: its frozen config, its hasher and its clock
     (``_wall``: the system clock, read in C), and the pickle guard."""
@@ -212,6 +217,12 @@ cdef class _Sketch:
         self._clock = clock
         self._wall = _is_wall(clock)
         return 0
+
+    @property
+    def config(self):
+        """The frozen config, seed included (``BloomConfig``, ``CountMinConfig``,
+        ``ScoreSketchConfig``, ``RotatorConfig``: ``grudge_stream.sketches``)."""
+        return self._config
 
     @property
     def seed(self):

@@ -227,31 +227,15 @@ cdef class DecayingCountMin(_Sketch):
 
     # ------------------------------------------------------------------ properties
 
-    @property
-    def config(self):
-        """The frozen :class:`~grudge_stream.sketches.countmin.CountMinConfig`."""
-        return self._config
-
-    @property
-    def depth(self):
-        return self._depth
-
-    @property
-    def width(self):
-        return self._width
+    depth = _from_config("depth")
+    width = _from_config("width")
+    epoch_ms = _from_config("epoch_ms")
+    counter_bits = _from_config("counter_bits")
 
     @property
     def shape(self):
         """``(rows, cells_per_row)`` = ``(depth, width)``, as every sketch's ``shape``."""
         return (self._depth, self._width)
-
-    @property
-    def epoch_ms(self):
-        return self._config.epoch_ms
-
-    @property
-    def counter_bits(self):
-        return self._cbits
 
     @property
     def top_k(self):

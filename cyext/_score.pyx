@@ -674,18 +674,8 @@ cdef class ScoreSketch(_ScoreKernel):
 
     # -- properties ---------------------------------------------------------------
 
-    @property
-    def config(self):
-        """The frozen ScoreSketchConfig (seed included)."""
-        return self._config
-
-    @property
-    def levels(self):
-        return self._config.levels
-
-    @property
-    def cells_per_level(self):
-        return self._config.cells_per_level
+    levels = _from_config("levels")
+    cells_per_level = _from_config("cells_per_level")
 
     def memory_bytes(self):
         """``16 * levels * cells_per_level + ScoreSketch.__basicsize__`` (fixed at construction)."""
@@ -1271,21 +1261,11 @@ cdef class Rotator(_ScoreKernel):
     # -- properties -----------------------------------------------------------------
 
     @property
-    def config(self):
-        """The frozen RotatorConfig (its ``sketch`` holds the ScoreSketchConfig)."""
-        return self._config
-
-    @property
     def seed(self):
         return self._config.sketch.seed
 
-    @property
-    def generations(self):
-        return self._n
-
-    @property
-    def period_ms(self):
-        return self._config.period_ms
+    generations = _from_config("generations")
+    period_ms = _from_config("period_ms")
 
     @property
     def rotations(self):
