@@ -104,7 +104,8 @@ def run_once(bootstrap: str, strategy: str, args) -> list[float]:
     create_topic(bootstrap, topic, PARTITIONS)
     settings = grudge_settings(run_id, topic, None, {
         "runtime": "batch", "emit_scores": "every", "cells_per_level": 20_000,
-        "kafka.partition.assignment.strategy": strategy, "session_timeout_s": 10})
+        "kafka.partition.assignment.strategy": strategy, "session_timeout_s": 10,
+        **dict(kv.split("=", 1) for kv in args.set)})
     work = scratch_dir("bench-stall-")
     stop = threading.Event()
     procs: list[Proc] = []
@@ -137,11 +138,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--join-after", type=float, default=10.0)
     ap.add_argument("--window", type=float, default=20.0)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a worker setting for both workers (heartbeat_interval_s=1, say)")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES), help="eager,cooperative or one of them")
     args = ap.parse_args()
-    results: dict[str, list[list[float]]] = {name: [] for name in STRATEGIES}
+    chosen = {name: STRATEGIES[name] for name in args.strategies.split(",")}
+    results: dict[str, list[list[float]]] = {name: [] for name in chosen}
     with broker() as bootstrap:
         for i in range(args.runs):
-            for name, strategy in STRATEGIES.items():  # interleaved: the machine's noise hits both
+            for name, strategy in chosen.items():  # interleaved: the machine's noise hits both
                 worst = run_once(bootstrap, strategy, args)
                 results[name].append(worst)
                 print(f"run {i + 1} {name:12s} per-partition stall (s): {' '.join(f'{x:.2f}' for x in worst)}",
@@ -153,7 +158,7 @@ def main() -> None:
         summary[name] = {"unmoved_stall_s": round(low, 3), "moved_stall_s": round(high, 3)}
         print(f"{name:12s} stall of the partitions left in place {low:6.2f} s, of those that move {high:6.2f} s "
               f"(medians of {len(runs)} runs)")
-    emit({"bench": "rebalance_stall", "rate": args.rate, **summary})
+    emit({"bench": "rebalance_stall", "rate": args.rate, "set": args.set, **summary})
 
 
 if __name__ == "__main__":
