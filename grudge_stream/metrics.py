@@ -44,6 +44,9 @@ class Metrics:
             ["operator", "role"], registry=r)
         self.idle_ticks = Counter("grudge_idle_ticks_total", "Tick records written into quiet partitions "
                                   "holding raised keys (idle_tick_s)", ["operator"], registry=r)
+        self.transactions_aborted = Counter("grudge_transactions_aborted_total", "exactly_once: transactions "
+                                            "aborted and carried on from (the partitions went back to their "
+                                            "snapshots)", registry=r)
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
         self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
         self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)

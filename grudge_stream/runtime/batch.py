@@ -57,7 +57,7 @@ from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
-from grudge_stream.runtime.core import Transaction, WorkerCore
+from grudge_stream.runtime.core import Transaction, WorkerCore, _resume
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
@@ -189,6 +189,12 @@ class BatchWorker(WorkerCore):
             self.checkpoint([p for p in revoked if p in self.slots])
         except DeliveryError as exc:
             log.error("no snapshot on revocation: %s; the next owner replays from the last snapshot", exc)
+        except KafkaException as exc:
+            if self.transaction is None:
+                log.exception("checkpoint on revocation failed")
+            else:
+                # (The member fell out of the group, typically: its partitions are lost.)
+                self.abort_transaction(exc)
         except Exception:  # the partitions are gone either way; the next owner replays from the last snapshot
             log.exception("checkpoint on revocation failed")
         self.release(revoked)
@@ -226,6 +232,9 @@ class BatchWorker(WorkerCore):
                 self.liveness.beat()
                 t0 = time.perf_counter()
                 msgs = self.consumer.consume(self.batch_size, timeout=batch_wait)
+                if self.reset_pending:  # a transaction aborted in this consume's rebalance callback
+                    reset = set(self.reset_held())
+                    msgs = [m for m in msgs if m.error() or m.partition() not in reset]
                 if msgs:
                     self._process(msgs, with_headers)
                     if len(msgs) >= self.batch_size:  # a backlog: the speed a replay reads and applies at
@@ -373,8 +382,62 @@ class BatchWorker(WorkerCore):
             txn.commit(self.topic, moved)
         except (CheckpointError, DeliveryError) as exc:
             self.round_failed(exc)  # raises: a failed transaction ends the worker
+        except KafkaException as exc:
+            self.abort_transaction(exc)
+            self.reset_held()
+            return
         self.committed.update(moved)
         self.metrics.commits.labels(self.topology.operator_id).inc()
+
+    def abort_transaction(self, exc: KafkaException) -> None:
+        """Exactly-once: the open transaction failed in a way that only aborts it (the member
+        fell out of the group and its generation is gone, the transaction timed out while the
+        cluster was away). Abort it and carry on, as Kafka Streams does with a migrated task:
+        every partition still held goes back to its last snapshot before its next record,
+        since its state is ahead of the aborted outputs (``reset_held``). A fenced producer
+        or a fatal error is raised: the worker ends (one line, exit 2)."""
+        err = exc.args[0] if exc.args else None
+        if (self.transaction is None or not isinstance(err, KafkaError) or err.fatal()
+                or not err.txn_requires_abort()):
+            raise exc
+        log.warning("transaction aborted (%s): the outputs since the last commit are dropped, and the "
+                    "partitions held go back to their last snapshots", err.str())
+        _resume(lambda: self.producer.abort_transaction(60))
+        self.transaction.open = False
+        w = self.writer
+        if w is not None:  # its manifest would cover outputs that were just aborted
+            w.cancelled.set()
+            w.done.wait()
+            self.writer = None
+        self._snapshot_queue.clear()
+        self.metrics.transactions_aborted.inc()
+        self.reset_pending = True
+
+    reset_pending = False
+
+    def reset_held(self) -> list[int]:
+        """After an aborted transaction, on the loop (not in a rebalance callback): every
+        held partition restored again from its last snapshot and the consumer sought there;
+        the records up to the group's committed offset are replayed silently, as after any
+        restore. The partitions reset."""
+        self.reset_pending = False
+        parts = sorted(self.slots)
+        if not parts:
+            return parts
+        committed = self.group_committed(parts)
+        for p in parts:
+            self.liveness.beat()
+            self.slots.pop(p, None)
+            self.store.forget(self.topology.operator_id, p)
+            self.commit_limits.pop(p, None)
+            outcome = self.restart_point(p, self.restore(p), committed.get(p))
+            slot = self.resume(p, outcome, committed.get(p))
+            self.committed[p] = committed.get(p, -1)
+            start = slot.operator.next_offset
+            self.consumer.seek(TopicPartition(self.topic, p, start if start is not None else OFFSET_BEGINNING))
+        log.info("partitions %s restored again after the aborted transaction", parts)
+        self.record_assignment()
+        return parts
 
     def _start_http(self) -> None:
         worker = self

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import struct
+import signal
 import time
 import uuid
 from collections import Counter
@@ -360,3 +361,37 @@ def wait_for_manifest_after(h, probe: Offsets, after: int, deadline: float) -> i
             assert time.monotonic() < deadline, "worker A wrote no snapshot of partition 0 behind the foreign one"
     finally:
         c.unassign()
+
+
+@pytest.mark.slow
+def test_a_worker_dropped_from_the_group_aborts_its_transaction_and_carries_on(harness) -> None:
+    """A worker stopped (SIGSTOP) past its session timeout falls out of the group; when it
+    runs again its open transaction cannot commit (its member id is gone). It aborts the
+    transaction, goes back to its snapshots and carries on, as Kafka Streams does with a
+    migrated task: the worker does not exit, and nothing is lost, duplicated or divergent."""
+    h = eos_harness(harness)
+    events = h.make_events(30_000, seed=37)
+    h.produce(events[:10_000])
+    probe = Offsets(h.bootstrap)
+    try:
+        a = h.start_worker(group_instance_id="", snapshot_replay_budget_s=0)
+        store = h.store()
+        deadline = time.monotonic() + 45
+        while not all(store.read_manifest(h.topology.operator_id, p) for p in range(h.partitions)):
+            assert time.monotonic() < deadline and a.proc.poll() is None, a.log()[-3000:]
+            time.sleep(0.2)
+        feeder = h.produce_in_background(events[10_000:20_000], seconds=6)
+        time.sleep(1.0)
+        a.proc.send_signal(signal.SIGSTOP)  # past session_timeout_s (6), within the transaction's 10 s
+        time.sleep(8.0)
+        a.proc.send_signal(signal.SIGCONT)
+        feeder.join(60)
+        h.produce(events[20_000:])
+        h.wait_caught_up(timeout=120)
+        assert a.proc.poll() is None, a.log()[-3000:]
+        log = a.log()
+        assert "transaction aborted" in log, log[-3000:]
+        assert a.stop() == 0, a.log()[-3000:]
+        assert_exactly_once(h, probe)
+    finally:
+        probe.close()
