@@ -677,6 +677,19 @@ class EmbeddedStateConsumer:
         committed = self._committed_offset  # type: ignore[attr-defined]
         saved = committed[tp]
         acked = states.acked_end.get(tp)
+        base = acked if acked is not None else saved
+        acks = self._acked.get(tp)  # type: ignore[attr-defined]
+        if acks and base is not None:
+            # Faust's check lets the offset at the committed position itself be missing
+            # (``min(acked) - committed > 1``): with 11, 12 acked and 10 not, it would move
+            # to 13, and a snapshot would claim record 10, which no agent had finished.
+            # The acks must start at the position (or a gap Faust recorded there).
+            first = min(acks)
+            gaps = self._gap.get(tp)  # type: ignore[attr-defined]
+            if gaps:
+                first = min([first, *(iv.begin for iv in gaps.overlap(0, max(acks) + 1))])
+            if first > base:
+                return None
         if acked is not None:
             committed[tp] = acked
         try:

@@ -231,6 +231,28 @@ def test_messages_faust_skips_unprocessed_do_not_move_the_acked_position():
     assert consumer.grudge_acked_position(tp) == 12
 
 
+def test_the_committable_offset_never_passes_an_offset_not_acked_yet():
+    """Faust's own rule lets the first offset after the committed one be missing (11 and 12
+    acked, 10 not: it would commit 13). On a state's topic the position stays until 10 is."""
+    from faust.types import TP
+    from faust.types.tuples import Message
+
+    app = faust.App("embedding-unit-acks-2", broker="kafka://127.0.0.1:1")
+    grudge.scores(app, "abuse", source="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
+    consumer = app.consumer
+    app.topics._acking_topics.add("logins")
+    app.flow_control.resume()
+    tp = TP("logins", 0)
+    consumer._committed_offset[tp] = 10
+    gen = app.consumer_generation_id
+    for offset in (11, 12):
+        assert consumer.ack(Message("logins", 0, offset, 0.0, 0, None, b"k", b"v", None, generation_id=gen))
+    assert consumer._new_offset(tp) is None
+    assert consumer.grudge_acked_position(tp) == 10
+    assert consumer.ack(Message("logins", 0, 10, 0.0, 0, None, b"k", b"v", None, generation_id=gen))
+    assert consumer._new_offset(tp) == 13
+
+
 @pytest.mark.parametrize("name", ["abuse_scores", "rate_limit", "heavy_hitters", "dedup", "known_keys",
                                   "heavy_global"])
 def test_reading_a_topology_builds_no_sketch(name, monkeypatch):
