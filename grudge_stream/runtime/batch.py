@@ -164,19 +164,23 @@ class BatchWorker(WorkerCore):
         # The core's admin client, never the consumer inside its own rebalance callback.
         committed = self.group_committed(ours)
         for tp in partitions:
-            if tp.topic != self.topic:
-                continue
-            self.liveness.beat()  # restores run in consume(): each partition counts as progress
-            outcome = self.restart_point(tp.partition, self.restore(tp.partition), committed.get(tp.partition))
-            slot = self.resume(tp.partition, outcome, committed.get(tp.partition))
-            self.committed[tp.partition] = committed.get(tp.partition, -1)
-            start = slot.operator.next_offset
-            tp.offset = start if start is not None else OFFSET_BEGINNING
+            if tp.topic == self.topic:
+                tp.offset = self._restore_slot(tp.partition, committed.get(tp.partition))
         if self.cooperative:
             consumer.incremental_assign(partitions)  # added to what it already holds
         else:
             consumer.assign(partitions)
         self.record_assignment()
+
+    def _restore_slot(self, partition: int, committed: int | None) -> int:
+        """``partition`` restored from its newest usable snapshot into a slot, silent up to
+        the group's ``committed`` offset; the offset to consume it from."""
+        self.liveness.beat()  # restores run in consume(): each partition counts as progress
+        outcome = self.restart_point(partition, self.restore(partition), committed)
+        slot = self.resume(partition, outcome, committed)
+        self.committed[partition] = committed if committed is not None else -1
+        start = slot.operator.next_offset
+        return start if start is not None else OFFSET_BEGINNING
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
@@ -426,15 +430,10 @@ class BatchWorker(WorkerCore):
             return parts
         committed = self.group_committed(parts)
         for p in parts:
-            self.liveness.beat()
             self.slots.pop(p, None)
             self.store.forget(self.topology.operator_id, p)
             self.commit_limits.pop(p, None)
-            outcome = self.restart_point(p, self.restore(p), committed.get(p))
-            slot = self.resume(p, outcome, committed.get(p))
-            self.committed[p] = committed.get(p, -1)
-            start = slot.operator.next_offset
-            self.consumer.seek(TopicPartition(self.topic, p, start if start is not None else OFFSET_BEGINNING))
+            self.consumer.seek(TopicPartition(self.topic, p, self._restore_slot(p, committed.get(p))))
         log.info("partitions %s restored again after the aborted transaction", parts)
         self.record_assignment()
         return parts

@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Any, Mapping
 
+from grudge_stream.kafkaconf import producer_config
 from grudge_stream.operators.records import TICK_HEADER, TICK_KEY
 
 log = logging.getLogger("grudge_stream.runtime")
@@ -74,7 +75,7 @@ class IdleTicks:
         from confluent_kafka import KafkaException, Producer
 
         if self._producer is None:
-            self._producer = Producer({**self._client_config, "linger.ms": 0, "acks": "all"})
+            self._producer = Producer(producer_config(self._client_config, linger_ms=0))
         try:
             self._producer.produce(self.topic, key=TICK_KEY, value=None, partition=partition,
                                    timestamp=time.time_ns() // 1_000_000, headers=[(TICK_HEADER, b"1")],
