@@ -455,36 +455,44 @@ cdef class ForgettingBloom(_Sketch):
         return True
 
     cdef inline void _insert(self, uint64_t h) noexcept nogil:
-        """Set h's k bits in the newest generation; count it as an insert
-        when it set a new bit, and, when the newest generation reaches capacity, rotate
-        (shrink_window) or count an overload (raise_fp, beyond capacity)."""
-        cdef uint32_t i, idx, off
+        """Set h's k bits in the newest generation (``_set_bits``); when that fills it,
+        rotate (shrink_window) or count an overload (raise_fp, beyond capacity)."""
+        cdef uint32_t idx[MAXK]
+        cdef uint32_t i
+        for i in range(self._k):
+            idx[i] = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
+        if self._set_bits(idx, self._newest):
+            if not self._raise_fp:
+                self._capacity_full()
+            elif <uint64_t>self._counts[self._newest] > self._capacity:
+                self._overloads += 1
+
+    cdef inline bint _set_bits(self, const uint32_t* idx, int g) noexcept nogil:
+        """Set the k bits at word indexes ``idx`` in generation g, counted as an insert when
+        one was new; True when that insert brought g to its capacity."""
+        cdef uint32_t r, off
         cdef int lgw = self._lgw, lgpw = self._lgpw
         cdef uint32_t pwm = (1u << lgpw) - 1
-        cdef int g = self._newest
+        cdef uint64_t gmask = self._gmask
         cdef uint64_t* wp
-        cdef uint64_t w, bit, grp
+        cdef uint64_t w, bit
         cdef int64_t newbits = 0, newunion = 0
-        for i in range(self._k):
-            idx = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
-            wp = self._words + (idx >> lgpw)
-            off = (idx & pwm) << lgw
+        for r in range(self._k):
+            wp = self._words + (idx[r] >> lgpw)
+            off = (idx[r] & pwm) << lgw
             w = wp[0]
-            bit = 1ULL << (off + g)
+            bit = 1ULL << (off + <uint32_t>g)
             if (w & bit) == 0:
                 newbits += 1
-                if ((w >> off) & self._gmask) == 0:
+                if ((w >> off) & gmask) == 0:
                     newunion += 1
                 wp[0] = w | bit
-        if newbits:
-            self._pops[g] += newbits
-            self._union_pop += newunion
-            self._counts[g] += 1
-            if <uint64_t>self._counts[g] >= self._capacity:
-                if not self._raise_fp:
-                    self._capacity_full()
-                elif <uint64_t>self._counts[g] > self._capacity:
-                    self._overloads += 1
+        if newbits == 0:
+            return False
+        self._pops[g] += newbits
+        self._union_pop += newunion
+        self._counts[g] += 1
+        return <uint64_t>self._counts[g] >= self._capacity
 
     cdef inline void _prefetch(self, uint64_t h) noexcept nogil:
         cdef uint32_t i, idx
@@ -500,7 +508,6 @@ cdef class ForgettingBloom(_Sketch):
         the probe and the insert of key i reuse them from the ring and find them in cache."""
         cdef uint32_t ring[PF * MAXK]
         cdef uint32_t* slot
-        cdef uint32_t* offs
         cdef uint64_t* words = self._words
         cdef uint64_t magic = self._magic, gmask = self._gmask
         cdef uint32_t m = self._m, pmask = self._pmask, k = self._k
@@ -510,11 +517,9 @@ cdef class ForgettingBloom(_Sketch):
         cdef bint raise_fp = self._raise_fp
         cdef int64_t t_hi = self._t_hi
         cdef Py_ssize_t i, j
-        cdef uint32_t r, idx, off
-        cdef uint64_t acc, w, bit, h
-        cdef uint64_t* wp
+        cdef uint32_t r, idx
+        cdef uint64_t acc = 0, h
         cdef int g = self._newest
-        cdef int64_t newbits, newunion
         for j in range(n if n < PF else PF):
             slot = ring + j * MAXK
             h = hs[j]
@@ -539,32 +544,14 @@ cdef class ForgettingBloom(_Sketch):
                     if (acc & gmask) == 0:
                         break
                 out[i] = (acc & gmask) == 0
-            if op == 0 or (acc & gmask) == 0:
-                newbits = 0
-                newunion = 0
-                for r in range(k):
-                    idx = slot[r]
-                    wp = words + (idx >> lgpw)
-                    off = (idx & pwm) << lgw
-                    w = wp[0]
-                    bit = 1ULL << (off + <uint32_t>g)
-                    if (w & bit) == 0:
-                        newbits += 1
-                        if ((w >> off) & gmask) == 0:
-                            newunion += 1
-                        wp[0] = w | bit
-                if newbits:
-                    self._pops[g] += newbits
-                    self._union_pop += newunion
-                    self._counts[g] += 1
-                    if <uint64_t>self._counts[g] >= self._capacity:
-                        if not raise_fp:
-                            self._t_hi = t_hi
-                            self._capacity_full()
-                            g = self._newest
-                            win_hi = self._win_hi
-                        elif <uint64_t>self._counts[g] > self._capacity:
-                            self._overloads += 1
+            if (op == 0 or (acc & gmask) == 0) and self._set_bits(slot, g):
+                if not raise_fp:
+                    self._t_hi = t_hi
+                    self._capacity_full()
+                    g = self._newest
+                    win_hi = self._win_hi
+                elif <uint64_t>self._counts[g] > self._capacity:
+                    self._overloads += 1
             j = i + PF
             if j < n:
                 h = hs[j]

@@ -22,6 +22,14 @@ from grudge_stream.sketches import countmin_config as _countmin_config
 include "_common.pxi"
 include "_topk.pxi"
 
+
+cdef inline const int64_t* _times_data(object tarr):
+    """The first time of a per-key times array from ``_batch_times``; NULL for none or empty."""
+    if tarr is None or cnp.PyArray_SIZE(<cnp.ndarray>tarr) == 0:
+        return NULL
+    return <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>tarr)
+
+
 cnp.import_array()
 
 cdef extern from "gsketch.h" nogil:
@@ -434,7 +442,7 @@ cdef class DecayingCountMin(_Sketch):
         cdef bint topk = self._topk._topn > 0
         cdef uint32_t tmin = self._topk._tmin
         cdef Py_ssize_t i, j
-        cdef uint32_t r, v, est, c, g, w
+        cdef uint32_t r, v, est, c, w
         cdef uint32_t* p
         cdef uint32_t* row
         cdef uint64_t h
@@ -459,8 +467,7 @@ cdef class DecayingCountMin(_Sketch):
             for r in range(G.rows):
                 p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
                 c = p[0]
-                g = (G.emod - (c >> G.cbits)) & G.smask
-                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
+                v = _decayed(c, G.emod, G.cbits, G.cmask, G.smask)
                 v = v + w
                 if v > G.cmask:
                     v = G.cmask
@@ -481,7 +488,7 @@ cdef class DecayingCountMin(_Sketch):
         recomputed rather than buffered (cheaper than a ring at this size)."""
         cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
-        cdef uint32_t r, v, c, g
+        cdef uint32_t r, v, c
         cdef uint32_t* p
         cdef uint32_t* row
         cdef uint64_t h
@@ -493,8 +500,7 @@ cdef class DecayingCountMin(_Sketch):
             for r in range(G.rows):
                 p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
                 c = p[0]
-                g = (G.emod - (c >> G.cbits)) & G.smask
-                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
+                v = _decayed(c, G.emod, G.cbits, G.cmask, G.smask)
                 v = v + w
                 p[0] = G.stamp | (v if v < G.cmask else G.cmask)
                 row += G.width
@@ -507,7 +513,7 @@ cdef class DecayingCountMin(_Sketch):
         unrolled, no branch per cell, constants for the default 65536 x 24-bit layout."""
         cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
-        cdef uint32_t r, v, est, c, g
+        cdef uint32_t r, v, est, c
         cdef uint32_t* row
         cdef uint64_t h
         if G.rows == 4 and G.pmask != 0:
@@ -521,8 +527,7 @@ cdef class DecayingCountMin(_Sketch):
             est = 0xFFFFFFFFu
             for r in range(G.rows):
                 c = row[gs_km_index_p(h, r, G.magic, G.width, G.pmask)]
-                g = (G.emod - (c >> G.cbits)) & G.smask
-                v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
+                v = _decayed(c, G.emod, G.cbits, G.cmask, G.smask)
                 est = v if v < est else est
                 row += G.width
             out[i] = est
@@ -637,6 +642,16 @@ cdef class DecayingCountMin(_Sketch):
     cdef inline tuple _hashes(self, keys):
         return _batch_hashes(&self._hasher, self._scratch, keys)
 
+    cdef object _batch_clock(self, object now_ms, Py_ssize_t n):
+        """A batch's times on a sketch with a clock: ``(t0, None)``, one time (None: read the
+        clock), or ``(None, int64 array)``, one per key. Manual epochs: ``now_ms`` validated,
+        then ignored; None."""
+        if self._epoch_ms == 0:
+            if now_ms is not None:
+                _batch_times(now_ms, n, False)
+            return None
+        return _batch_times(now_ms, n, False)
+
     def increment_many(self, keys, counts=None, now_ms=None):
         """Batch twin of :meth:`increment`: the same single increments, in order.
 
@@ -651,7 +666,6 @@ cdef class DecayingCountMin(_Sketch):
         w0, warr = _batch_counts(counts, n)
         cdef const uint64_t[::1] hv = hashes
         cdef const uint64_t[::1] wv
-        cdef const int64_t[::1] tv
         cdef const uint64_t* wp = NULL
         cdef const int64_t* tp = NULL
         cdef uint64_t w0c = w0 if w0 < self._cmask else self._cmask
@@ -659,16 +673,12 @@ cdef class DecayingCountMin(_Sketch):
             wv = warr
             if n:
                 wp = &wv[0]
-        if self._epoch_ms != 0:
-            t0, tarr = _batch_times(now_ms, n, False)
-            if tarr is not None:
-                tv = tarr
-                if n:
-                    tp = &tv[0]
-            else:
+        clock = self._batch_clock(now_ms, n)
+        if clock is not None:
+            t0, tarr = clock
+            tp = _times_data(tarr)
+            if tarr is None:
                 self._advance_to_time(t0)
-        elif now_ms is not None:
-            _batch_times(now_ms, n, False)   # validated, then ignored (manual epochs)
         if n == 0:
             return 0
         # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").
@@ -687,7 +697,6 @@ cdef class DecayingCountMin(_Sketch):
         hashes, _, _ = self._hashes(keys)
         cdef Py_ssize_t n = hashes.shape[0]
         cdef const uint64_t[::1] hv = hashes
-        cdef const int64_t[::1] tv
         cdef const int64_t* tp = NULL
         cdef int64_t q0 = self._E
         if out is None:
@@ -696,16 +705,12 @@ cdef class DecayingCountMin(_Sketch):
                   and out.shape[0] == n):
             raise InvalidInputError(f"out must be a 1-D int64 numpy array of length {n}")
         cdef int64_t[::1] ov = out
-        if self._epoch_ms != 0:
-            t0, tarr = _batch_times(now_ms, n, False)
-            if tarr is not None:
-                tv = tarr
-                if n:
-                    tp = &tv[0]
-            else:
+        clock = self._batch_clock(now_ms, n)
+        if clock is not None:
+            t0, tarr = clock
+            tp = _times_data(tarr)
+            if tarr is None:
                 q0 = self._query_epoch(t0)
-        elif now_ms is not None:
-            _batch_times(now_ms, n, False)
         if n == 0:
             return out
         # The GIL stays held: every call is atomic to other threads (docs/count-min.md, "Threads").

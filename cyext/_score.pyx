@@ -505,6 +505,14 @@ cdef BatchArgs _batch_args(Hasher* hasher, keys, deltas, limits, now_ms, int out
     return a
 
 
+cdef inline void _put_result(double* outf, uint8_t* outb, Py_ssize_t i, double r, bint adm) noexcept nogil:
+    """One batch element's result into the array the caller asked for (``BatchArgs.res``)."""
+    if outf != NULL:
+        outf[i] = r
+    if outb != NULL:
+        outb[i] = adm
+
+
 # ---- what ScoreSketch and Rotator share ----------------------------------------------
 
 cdef class _ScoreKernel(_Sketch):
@@ -588,6 +596,61 @@ cdef class _ScoreKernel(_Sketch):
         scalar or an array of the batch's length."""
         return _score_batch(self, keys, deltas, limit, now_ms, OP_TRY, 2)
 
+    # -- single-key operations (a Rotator: decided and read on its oldest generation, added
+    # to every generation) ----------------------------------------------------------------
+
+    cdef double _single(self, uint64_t h, int64_t now, double delta, int op, double limit,
+                        double penalty, bint* adm, double* levels, uint32_t* idx) noexcept:
+        return 0.0  # each kernel has its own
+
+    def update(self, key, double delta, now_ms=None):
+        """Add ``delta`` to the key's score at ``now_ms`` (each cell: decay, add, clamp, stamp)."""
+        cdef uint32_t idx[MAXL]
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef int64_t now = self._now(now_ms)
+        _check_delta(delta, "delta")
+        self._single(h, now, delta, OP_UPDATE, 0.0, 0.0, NULL, NULL, idx)
+
+    def query(self, key, now_ms=None):
+        """The key's score at ``now_ms`` (0.0 for a fresh key). Writes the decay back."""
+        cdef uint32_t idx[MAXL]
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef int64_t now = self._now(now_ms)
+        return self._single(h, now, 0.0, OP_QUERY, 0.0, 0.0, NULL, NULL, idx)
+
+    def update_and_query(self, key, double delta, now_ms=None):
+        """``update`` then the score after it (post-clamp), atomically."""
+        cdef uint32_t idx[MAXL]
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef int64_t now = self._now(now_ms)
+        _check_delta(delta, "delta")
+        return self._single(h, now, delta, OP_UPDATE, 0.0, 0.0, NULL, NULL, idx)
+
+    def try_update(self, key, double delta, double limit, now_ms=None):
+        """Add ``delta`` iff (score after decay) + delta <= limit; return whether it did.
+
+        The test runs before clamping; the cells are decayed and stamped either way.
+        """
+        cdef uint32_t idx[MAXL]
+        cdef bint adm = False
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef int64_t now = self._now(now_ms)
+        _check_delta(delta, "delta")
+        _check_delta(limit, "limit")
+        self._single(h, now, delta, OP_TRY, limit, 0.0, &adm, NULL, idx)
+        return adm
+
+    def query_detailed(self, key, now_ms=None):
+        """``QueryDetail(aggregate, level_scores, cell_indexes)`` for one key (a read)."""
+        cdef uint32_t idx[MAXL]
+        cdef double lv[MAXL]
+        cdef uint64_t h = hash_key(&self._hasher, key)
+        cdef int64_t now = self._now(now_ms)
+        cdef double r = self._single(h, now, 0.0, OP_QUERY, 0.0, 0.0, NULL, lv, idx)
+        cdef uint32_t i
+        return QueryDetail(r, tuple([lv[i] for i in range(self._core.L)]),
+                           tuple([idx[i] for i in range(self._core.L)]))
+
 
 cdef inline object _score_batch(_ScoreKernel k, keys, deltas, limits, now_ms, int op, int out):
     """The batch driver of both score kernels: check the arguments (``_batch_args``),
@@ -613,6 +676,7 @@ cdef inline object _score_batch(_ScoreKernel k, keys, deltas, limits, now_ms, in
 # ---- ScoreSketch ------------------------------------------------------------------
 
 @cython.final
+
 cdef class ScoreSketch(_ScoreKernel):
     """Decaying feedback scores over unbounded keys in fixed memory.
 
@@ -689,8 +753,8 @@ cdef class ScoreSketch(_ScoreKernel):
 
     # -- single-key operations --------------------------------------------------------
 
-    cdef inline double _single(self, uint64_t h, int64_t now, double delta, int op, double limit,
-                               double penalty, bint* adm, double* levels, uint32_t* idx) noexcept:
+    cdef double _single(self, uint64_t h, int64_t now, double delta, int op, double limit,
+                        double penalty, bint* adm, double* levels, uint32_t* idx) noexcept:
         cdef DCache dc
         cdef double r
         dc.dt = 0
@@ -702,54 +766,6 @@ cdef class ScoreSketch(_ScoreKernel):
             self._watermark = now
         gs_lock_release(&self._lock)
         return r
-
-    def update(self, key, double delta, now_ms=None):
-        """Add ``delta`` to the key's score at ``now_ms`` (each cell: decay, add, clamp, stamp)."""
-        cdef uint32_t idx[MAXL]
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        _check_delta(delta, "delta")
-        self._single(h, now, delta, OP_UPDATE, 0.0, 0.0, NULL, NULL, idx)
-
-    def query(self, key, now_ms=None):
-        """The key's score at ``now_ms`` (0.0 for a fresh key). Writes the decay back."""
-        cdef uint32_t idx[MAXL]
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        return self._single(h, now, 0.0, OP_QUERY, 0.0, 0.0, NULL, NULL, idx)
-
-    def update_and_query(self, key, double delta, now_ms=None):
-        """``update`` then the score after it (post-clamp), atomically."""
-        cdef uint32_t idx[MAXL]
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        _check_delta(delta, "delta")
-        return self._single(h, now, delta, OP_UPDATE, 0.0, 0.0, NULL, NULL, idx)
-
-    def try_update(self, key, double delta, double limit, now_ms=None):
-        """Add ``delta`` iff (score after decay) + delta <= limit; return whether it did.
-
-        The test runs before clamping; the cells are decayed and stamped either way.
-        """
-        cdef uint32_t idx[MAXL]
-        cdef bint adm = False
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        _check_delta(delta, "delta")
-        _check_delta(limit, "limit")
-        self._single(h, now, delta, OP_TRY, limit, 0.0, &adm, NULL, idx)
-        return adm
-
-    def query_detailed(self, key, now_ms=None):
-        """``QueryDetail(aggregate, level_scores, cell_indexes)`` for one key (a read)."""
-        cdef uint32_t idx[MAXL]
-        cdef double lv[MAXL]
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        cdef double r = self._single(h, now, 0.0, OP_QUERY, 0.0, 0.0, NULL, lv, idx)
-        cdef uint32_t i
-        return QueryDetail(r, tuple([lv[i] for i in range(self._core.L)]),
-                           tuple([idx[i] for i in range(self._core.L)]))
 
     def peek_detailed(self, key, now_ms):
         """``query_detailed(key, now_ms)`` without writing anything: the cells keep their
@@ -822,10 +838,7 @@ cdef class ScoreSketch(_ScoreKernel):
                     k_index(&self._core, self._table, hs[i + PF], &ring[(i + PF) & (PF - 1)][0])
                 if now > self._watermark:
                     self._watermark = now
-                if outf != NULL:
-                    outf[i] = r
-                if outb != NULL:
-                    outb[i] = adm
+                _put_result(outf, outb, i, r, adm)
             gs_lock_release(&self._lock)
             gs_lock_courtesy(&self._lock)
             start = end
@@ -1296,8 +1309,9 @@ cdef class Rotator(_ScoreKernel):
 
     # -- operations -------------------------------------------------------------------
 
-    cdef inline double _single(self, uint64_t h, int64_t now, double delta, int op, double limit,
-                               bint* adm, double* levels, uint32_t* idx) noexcept:
+    cdef double _single(self, uint64_t h, int64_t now, double delta, int op, double limit,
+                        double penalty, bint* adm, double* levels, uint32_t* idx) noexcept:
+        # (penalty: token buckets only, which a Rotator does not offer)
         cdef DCache dc
         cdef double r
         dc.dt = 0
@@ -1322,47 +1336,6 @@ cdef class Rotator(_ScoreKernel):
             self._watermark = now
         gs_lock_release(&self._lock)
 
-    def update(self, key, double delta, now_ms=None):
-        """Add ``delta`` to the key in every generation."""
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        _check_delta(delta, "delta")
-        self._single(h, now, delta, OP_UPDATE, 0.0, NULL, NULL, NULL)
-
-    def query(self, key, now_ms=None):
-        """The key's score in the oldest generation (decay written back there)."""
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        return self._single(h, now, 0.0, OP_QUERY, 0.0, NULL, NULL, NULL)
-
-    def update_and_query(self, key, double delta, now_ms=None):
-        """``update``, then the oldest generation's post-clamp score."""
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        _check_delta(delta, "delta")
-        return self._single(h, now, delta, OP_UPDATE, 0.0, NULL, NULL, NULL)
-
-    def try_update(self, key, double delta, double limit, now_ms=None):
-        """Decide on the oldest generation; when it admits, add to every generation."""
-        cdef bint adm = False
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        _check_delta(delta, "delta")
-        _check_delta(limit, "limit")
-        self._single(h, now, delta, OP_TRY, limit, &adm, NULL, NULL)
-        return adm
-
-    def query_detailed(self, key, now_ms=None):
-        """``QueryDetail`` from the oldest generation."""
-        cdef uint32_t idx[MAXL]
-        cdef double lv[MAXL]
-        cdef uint64_t h = hash_key(&self._hasher, key)
-        cdef int64_t now = self._now(now_ms)
-        cdef double r = self._single(h, now, 0.0, OP_QUERY, 0.0, NULL, lv, idx)
-        cdef uint32_t i
-        return QueryDetail(r, tuple([lv[i] for i in range(self._core.L)]),
-                           tuple([idx[i] for i in range(self._core.L)]))
-
     cdef void _run(self, const uint64_t* hs, Py_ssize_t n, const double* dv, Py_ssize_t ds,
                    const int64_t* tv, Py_ssize_t ts, const double* lv, Py_ssize_t ls, int op,
                    double* outf, uint8_t* outb) noexcept nogil:
@@ -1377,10 +1350,7 @@ cdef class Rotator(_ScoreKernel):
             gs_lock_acquire_nogil(&self._lock)
             for i in range(start, end):
                 r = self._op(hs[i], tv[i * ts], dv[i * ds], op, lv[i * ls], &adm, &dc, NULL, NULL)
-                if outf != NULL:
-                    outf[i] = r
-                if outb != NULL:
-                    outb[i] = adm
+                _put_result(outf, outb, i, r, adm)
             gs_lock_release(&self._lock)
             gs_lock_courtesy(&self._lock)
             start = end

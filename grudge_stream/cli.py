@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import gc
 import json
 import logging
@@ -86,6 +88,9 @@ def _tune_gc() -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    # ``kill -USR1 <pid>``: every thread's stack on stderr, for a worker that seems stuck.
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # no stderr file (embedded, tests)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     settings = _settings(args)
     topology = load_topology(args.topology, settings)
     runtime = args.runtime or setting(settings, "runtime")

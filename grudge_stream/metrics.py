@@ -47,6 +47,9 @@ class Metrics:
         self.transactions_aborted = Counter("grudge_transactions_aborted_total", "exactly_once: transactions "
                                             "aborted and carried on from (the partitions went back to their "
                                             "snapshots)", registry=r)
+        self.producers_renewed = Counter("grudge_producers_renewed_total", "exactly_once: transactional "
+                                         "producers the broker fenced (a transaction it timed out) and "
+                                         "replaced", registry=r)
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
         self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
         self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)

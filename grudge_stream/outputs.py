@@ -120,6 +120,9 @@ class OutputPublisher:
         # order).
         self.produced = 0
         self._inflight: set[int] = set()
+        # Records before this sequence number belong to an aborted transaction: their reports
+        # (a purge, a fenced producer's error) are ignored, never re-sent (``drop_unfinished``).
+        self._void_below = 0
 
     def dead_letter_limit(self) -> int:
         """Bytes a dead letter (key + value) may take on the dead-letter topic."""
@@ -143,11 +146,24 @@ class OutputPublisher:
         self.producer.poll(0)
         return not self._failed and not any(seq < mark for seq in self._inflight)
 
+    def drop_unfinished(self, producer: Producer | None = None) -> None:
+        """Exactly-once, after an aborted transaction: the records produced so far are gone
+        with it, so neither their pending reports nor their refusals count any more (a
+        purged record re-sent would land in the next transaction, on top of the replay that
+        produces it again). ``producer`` replaces a fenced one."""
+        self._void_below = self.produced
+        self._inflight.clear()
+        self._failed.clear()
+        if producer is not None:
+            self.producer = producer
+
     def has_failures(self) -> bool:
         """Whether refused outputs wait for ``flush`` to re-send or dead-letter them."""
         return bool(self._failed)
 
     def _on_delivery(self, err, msg, seq: int = -1) -> None:
+        if 0 <= seq < self._void_below:
+            return
         self._inflight.discard(seq)
         if err is not None:
             ts_type, ts = msg.timestamp()

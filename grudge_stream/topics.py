@@ -27,7 +27,8 @@ _TRANSIENT = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROK
               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
               KafkaError.NOT_COORDINATOR, KafkaError.LEADER_NOT_AVAILABLE,
               KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.REQUEST_TIMED_OUT,
-              KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_CONTROLLER, KafkaError.BROKER_NOT_AVAILABLE}
+              KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_CONTROLLER, KafkaError.BROKER_NOT_AVAILABLE,
+              KafkaError.UNSTABLE_OFFSET_COMMIT}
 
 
 def transient(exc: BaseException) -> bool:

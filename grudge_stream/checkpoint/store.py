@@ -272,6 +272,11 @@ class CheckpointStore:
 
     # -- write --------------------------------------------------------------------------------
 
+    def use_producer(self, producer: Producer) -> None:
+        """Write with ``producer`` from now on (a transactional one that replaced a fenced one)."""
+        self._producer = producer
+        self._own_producer = False
+
     def _get_producer(self) -> Producer:
         if self._producer is None:
             self._producer = Producer(self._producer_config)

@@ -57,7 +57,7 @@ from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.operators.records import group_source_records
-from grudge_stream.runtime.core import Transaction, WorkerCore, _resume
+from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
@@ -69,6 +69,9 @@ log = logging.getLogger("grudge_stream.batch")
 # (Python's default: every 5 ms); see BatchWorker._start_http.
 QUERY_SWITCH_INTERVAL_S = 0.0005
 
+# A producer the broker fenced: its transaction was aborted by the coordinator (timed out while
+# the cluster was away), and only a new producer can go on.
+_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 _COMMIT_LATER = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
                  KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
                  KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
@@ -193,7 +196,7 @@ class BatchWorker(WorkerCore):
             self.checkpoint([p for p in revoked if p in self.slots])
         except DeliveryError as exc:
             log.error("no snapshot on revocation: %s; the next owner replays from the last snapshot", exc)
-        except KafkaException as exc:
+        except (KafkaException, TransactionStuck) as exc:
             if self.transaction is None:
                 log.exception("checkpoint on revocation failed")
             else:
@@ -386,28 +389,42 @@ class BatchWorker(WorkerCore):
             txn.commit(self.topic, moved)
         except (CheckpointError, DeliveryError) as exc:
             self.round_failed(exc)  # raises: a failed transaction ends the worker
-        except KafkaException as exc:
+        except (KafkaException, TransactionStuck) as exc:
             self.abort_transaction(exc)
             self.reset_held()
             return
         self.committed.update(moved)
         self.metrics.commits.labels(self.topology.operator_id).inc()
 
-    def abort_transaction(self, exc: KafkaException) -> None:
+    def abort_transaction(self, exc: KafkaException | TransactionStuck) -> None:
         """Exactly-once: the open transaction failed in a way that only aborts it (the member
         fell out of the group and its generation is gone, the transaction timed out while the
         cluster was away). Abort it and carry on, as Kafka Streams does with a migrated task:
         every partition still held goes back to its last snapshot before its next record,
-        since its state is ahead of the aborted outputs (``reset_held``). A fenced producer
-        or a fatal error is raised: the worker ends (one line, exit 2)."""
+        since its state is ahead of the aborted outputs (``reset_held``). A producer the broker
+        fenced is replaced first (``_renew_fenced_producer``); any other fatal error is raised:
+        the worker ends (one line, exit 2)."""
         err = exc.args[0] if exc.args else None
-        if (self.transaction is None or not isinstance(err, KafkaError) or err.fatal()
-                or not err.txn_requires_abort()):
+        if self.transaction is None:
             raise exc
-        log.warning("transaction aborted (%s): the outputs since the last commit are dropped, and the "
-                    "partitions held go back to their last snapshots", err.str())
-        _resume(lambda: self.producer.abort_transaction(60))
-        self.transaction.open = False
+        if isinstance(exc, TransactionStuck):
+            self._renew_producer(exc, stuck=True)
+        elif not isinstance(err, KafkaError):
+            raise exc
+        elif err.fatal() and err.code() in _FENCED:
+            self._renew_producer(exc)
+        elif err.fatal() or not err.txn_requires_abort():
+            raise exc
+        else:
+            log.warning("transaction aborted (%s): the outputs since the last commit are dropped, and the "
+                        "partitions held go back to their last snapshots", err.str())
+            try:
+                _resume(lambda: self.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
+            except TransactionStuck as stuck:
+                self._renew_producer(stuck, stuck=True)
+            else:
+                self.transaction.open = False
+                self.publisher.drop_unfinished()
         w = self.writer
         if w is not None:  # its manifest would cover outputs that were just aborted
             w.cancelled.set()
@@ -418,6 +435,26 @@ class BatchWorker(WorkerCore):
         self.reset_pending = True
 
     reset_pending = False
+    _renewed_at = float("-inf")
+
+    def _renew_producer(self, exc: KafkaException | TransactionStuck, stuck: bool = False) -> None:
+        """The broker aborted the open transaction itself and fenced the producer (the cluster
+        was away longer than ``transaction_timeout_s``), or a transactional call blocked past
+        its timeout (``stuck``): a new producer under the same transactional id, then the
+        partitions held go back to their snapshots. Fenced twice within a transaction timeout
+        means another live instance shares the transactional id (the same
+        ``group_instance_id``): that ends the worker."""
+        why = str(exc) if stuck else exc.args[0].str()
+        if time.monotonic() - self._renewed_at < max(60.0, 2 * setting(self.settings, "transaction_timeout_s")):
+            log.error("the transactional producer failed again right after its renewal (%s): another "
+                      "instance runs with the same group_instance_id?", why)
+            raise exc
+        log.warning("the transactional producer cannot go on (%s): a new producer takes over, the "
+                    "outputs since the last commit are dropped, and the partitions held go back to "
+                    "their last snapshots", why)
+        self.renew_producer(stuck=stuck)
+        self._renewed_at = time.monotonic()
+        self.metrics.producers_renewed.inc()
 
     def reset_held(self) -> list[int]:
         """After an aborted transaction, on the loop (not in a rebalance callback): every

@@ -139,27 +139,63 @@ class Transaction:
 
         if offsets:
             parts = [TopicPartition(topic, p, o) for p, o in offsets.items()]
-            _resume(lambda: self.producer.send_offsets_to_transaction(parts, self.group_metadata(), 60))
-        _resume(lambda: self.producer.commit_transaction(60))
+            _resume(lambda: self.producer.send_offsets_to_transaction(parts, self.group_metadata(),
+                                                                       TXN_CALL_TIMEOUT_S))
+        _resume(lambda: self.producer.commit_transaction(TXN_CALL_TIMEOUT_S))
         self.open = False
         self.commits += 1
 
 
-def _resume(call: Callable[[], Any]) -> None:
+# A transactional call's own timeout (it then fails retriably and is called again), and how
+# long it may block before the producer counts as stuck: librdkafka can block past the call's
+# timeout when the group coordinator went away with the whole cluster (confluentinc/librdkafka
+# issues 5456 and 5511).
+TXN_CALL_TIMEOUT_S = 30
+TXN_CALL_LIMIT_S = TXN_CALL_TIMEOUT_S + 15
+
+
+class TransactionStuck(Exception):
+    """A transactional call blocked past its own timeout: the producer cannot be used again
+    and is replaced (``WorkerCore.renew_producer``)."""
+
+
+def _resume(call: Callable[[], Any], limit_s: float = TXN_CALL_LIMIT_S) -> None:
     """A transactional call, called again while it fails retriably: a cluster that is down
     makes commit_transaction time out with "retry call to resume", and librdkafka resumes the
-    same operation on the next call (the worker ended there during a 45 s outage)."""
+    same operation on the next call (the worker ended there during a 45 s outage). Each call
+    runs on a helper thread and is given up after ``limit_s``: ``TransactionStuck``."""
     from confluent_kafka import KafkaException
 
     while True:
         try:
-            return call()
+            return _bounded(call, limit_s)
         except KafkaException as exc:
             err = exc.args[0]
             if not err.retriable() or err.fatal() or err.txn_requires_abort():
                 raise
             logging.getLogger("grudge_stream.runtime").warning(
                 "transaction not committed yet (%s); calling again", err.str())
+
+
+def _bounded(call: Callable[[], Any], limit_s: float) -> Any:
+    """``call()`` on a helper thread, its result or its exception; ``TransactionStuck`` when
+    it has not returned after ``limit_s`` (the thread is left blocked inside the client)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="grudge-transaction-call", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if t.is_alive():
+        raise TransactionStuck(f"a transactional call blocked for more than {limit_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
 
 
 class SnapshotWriter:
@@ -264,10 +300,10 @@ class WorkerCore:
         self._last_failure_log = 0.0
         self._lag_checked = 0.0
         self.producer = None
+        self._stuck_producers: list = []
         self.transaction: Transaction | None = None
-        txn_timeout_s = setting(settings, "transaction_timeout_s")
         if exactly_once:
-            self.producer = self._transactional_producer(txn_timeout_s)
+            self.producer = self._transactional_producer()
         self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=self.producer,
                                          operator_id=topology.operator_id, metrics=self.metrics,
                                          client_config=self.client_config)
@@ -297,10 +333,11 @@ class WorkerCore:
                                                   self.metrics)
         self.queries.partitioner_check = self.partitioner_check
 
-    def _transactional_producer(self, txn_timeout_s: float):
+    def _transactional_producer(self, renewal: bool = False):
         from confluent_kafka import Producer
 
-        if not self.instance_id:
+        txn_timeout_s = setting(self.settings, "transaction_timeout_s")
+        if not self.instance_id and not renewal:
             self.log.warning("exactly_once without group_instance_id: the transactional id changes with "
                              "every restart, so a crashed worker's open transaction is not aborted at once "
                              "and a takeover may wait up to transaction_timeout_s + %g s",
@@ -308,8 +345,31 @@ class WorkerCore:
         txn_id = f"{self.app_id}-{self.instance_id or socket.gethostname() + '-' + str(os.getpid())}"
         producer = Producer(producer_config(self.client_config, bootstrap_servers=self.bootstrap, extra={
             "transactional.id": txn_id, "transaction.timeout.ms": int(txn_timeout_s * 1000)}))
-        producer.init_transactions(60)
+        _resume(lambda: producer.init_transactions(TXN_CALL_TIMEOUT_S))  # a cluster just back may be slow
         return producer
+
+    def renew_producer(self, stuck: bool = False) -> None:
+        """Exactly-once: replace a producer fenced for good by a new one under the same
+        transactional id, as Kafka Streams does after a ``ProducerFencedException``. It
+        happens when the cluster was away longer than ``transaction_timeout_s``: the broker
+        aborted the open transaction and bumped the producer's epoch. The old producer's
+        unsent records are purged and forgotten; the caller resets the partitions it holds.
+        A ``stuck`` producer (a call still blocked inside it) is set aside, never destroyed
+        under that call; the new one fences it."""
+        old = self.producer
+        if stuck:
+            self._stuck_producers.append(old)
+        else:
+            try:
+                old.purge()
+            except Exception:  # a fenced producer may refuse even that; it is dropped either way
+                pass
+        self.producer = self._transactional_producer(renewal=True)
+        if self.transaction is not None:
+            self.transaction.producer = self.producer
+            self.transaction.open = False
+        self.publisher.drop_unfinished(self.producer)
+        self.store.use_producer(self.producer)
 
     # -- adapter hooks ----------------------------------------------------------------------------
 
@@ -635,7 +695,7 @@ class WorkerCore:
         Asked on every assignment, so it meets the cluster at its worst (a coordinator that is
         loading or moving, a broker bounced): transient answers are retried for up to
         ``broker_wait_s``, then the last one is raised (one line, exit 2 from the CLI)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
         from confluent_kafka.admin import AdminClient
 
         from grudge_stream.topics import transient
@@ -643,18 +703,28 @@ class WorkerCore:
         if not partitions:
             return {}
         req = ConsumerGroupTopicPartitions(self.app_id, [TopicPartition(self.topic, p) for p in partitions])
-        deadline = time.monotonic() + setting(self.settings, "broker_wait_s")
+        # require_stable: while a transaction holding offsets of these partitions is open (a
+        # crashed predecessor's, or one the broker is aborting after an outage), the broker
+        # answers UNSTABLE_OFFSET_COMMIT instead of an offset that may move back or forward
+        # once it ends (KIP-447); that wait is bounded by the transaction's timeout.
+        t0 = time.monotonic()
+        deadline = t0 + setting(self.settings, "broker_wait_s")
+        unstable_deadline = max(deadline, t0 + open_transaction_wait(self.settings))
         delay, warned = 0.25, 0.0
         while True:
             try:
                 # A client per attempt: one kept across a broker outage kept timing out after it.
                 admin = AdminClient({"log_level": 3, **self.client_config})
-                res = admin.list_consumer_group_offsets([req], request_timeout=10)[self.app_id].result(15)
-                return {tp.partition: tp.offset for tp in res.topic_partitions
-                        if tp.error is None and tp.offset >= 0}
+                res = admin.list_consumer_group_offsets([req], require_stable=True,
+                                                        request_timeout=10)[self.app_id].result(15)
+                failed = [tp.error for tp in res.topic_partitions if tp.error is not None]
+                if failed:  # a coordinator still loading answers per partition: never read as "no commit"
+                    raise KafkaException(failed[0])
+                return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
             except (KafkaException, TimeoutError) as exc:
                 now = time.monotonic()
-                if not transient(exc) or now + delay > deadline:
+                unstable = isinstance(exc, KafkaException) and exc.args[0].code() == KafkaError.UNSTABLE_OFFSET_COMMIT
+                if not transient(exc) or now + delay > (unstable_deadline if unstable else deadline):
                     raise
                 if now - warned >= 15:
                     self.log.warning("the group's committed offsets of %s%s: %s; retrying for up to %.0f s "

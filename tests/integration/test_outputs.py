@@ -77,3 +77,27 @@ def test_flush_that_cannot_finish_raises_instead_of_covering_lost_outputs(kafka_
     assert time.monotonic() - t0 < 30
     with pytest.raises(DeliveryError):  # still undelivered: every later flush refuses too
         pub.flush(should_stop=lambda: True, grace_s=1)
+
+
+def test_outputs_of_an_aborted_transaction_are_dropped_never_sent_again(kafka_bootstrap) -> None:
+    """Exactly-once: after an abort the records of the transaction are gone (purged or aborted);
+    ``drop_unfinished`` forgets them, so no flush re-sends one into the next transaction."""
+    from confluent_kafka import Producer
+
+    names = make_topics(kafka_bootstrap, scores={}, dead_letters={})
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": uuid.uuid4().hex,
+                         "linger.ms": 5000})  # still queued when the transaction aborts: purged
+    producer.init_transactions(30)
+    pub = OutputPublisher(kafka_bootstrap, names, producer=producer, operator_id="op")
+    producer.begin_transaction()
+    pub.publish([OutputRecord("scores", f"aborted-{i}".encode(), b"{}") for i in range(3)])
+    producer.abort_transaction(30)
+    pub.drop_unfinished()
+    producer.poll(0.5)  # the purged records' reports arrive, and are ignored
+    assert not pub.has_failures() and pub.delivered_through(pub.mark())
+    producer.begin_transaction()
+    pub.publish([OutputRecord("scores", f"kept-{i}".encode(), b"{}") for i in range(2)])
+    producer.commit_transaction(30)
+    pub.flush(timeout_s=30)
+    assert [m.key() for m in read(kafka_bootstrap, names["scores"])] == [b"kept-0", b"kept-1"]
+    assert read(kafka_bootstrap, names["dead_letters"]) == []

@@ -138,7 +138,8 @@ class _Admin:
         self.answers = list(answers)
         self.calls = 0
 
-    def list_consumer_group_offsets(self, requests, request_timeout=None):
+    def list_consumer_group_offsets(self, requests, request_timeout=None, require_stable=False):
+        assert require_stable  # never an offset a transaction still open may move
         self.calls += 1
         return {requests[0].group_id: _Future(self.answers.pop(0))}
 
@@ -158,12 +159,22 @@ def _core_like(admin, wait_s: float, monkeypatch):
     return lambda partitions: WorkerCore.group_committed(fake, partitions)
 
 
-def _result(offsets: dict[int, int]):
+def _result(offsets: dict[int, int], errors: dict | None = None):
     import types
 
-    from confluent_kafka import TopicPartition
+    tps = [types.SimpleNamespace(topic="events", partition=p, offset=o, error=(errors or {}).get(p))
+           for p, o in offsets.items()]
+    return types.SimpleNamespace(topic_partitions=tps)
 
-    return types.SimpleNamespace(topic_partitions=[TopicPartition("events", p, o) for p, o in offsets.items()])
+
+def test_group_committed_waits_out_an_open_transactions_offsets_never_reading_them_as_none(monkeypatch) -> None:
+    from confluent_kafka import KafkaError
+
+    unstable = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT)
+    admin = _Admin([_result({0: -1001, 1: 40}, errors={0: unstable}), _result({0: 12, 1: 40})])
+    # broker_wait_s 0.1 is over before the retry: an open transaction is waited out for longer
+    assert _core_like(admin, 0.1, monkeypatch)([0, 1]) == {0: 12, 1: 40}
+    assert admin.calls == 2
 
 
 def test_group_committed_retries_a_loading_coordinator_then_answers(monkeypatch) -> None:
@@ -210,3 +221,37 @@ def test_a_slow_shutdown_reports_its_progress(caplog) -> None:
         with WorkerCore.shutdown_progress(core, "final snapshots", every_s=5):
             pass
     assert caplog.records == []  # a quick one says nothing
+
+
+def test_a_transactional_call_is_resumed_while_it_fails_retriably_and_given_up_when_it_blocks() -> None:
+    import threading
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from grudge_stream.runtime.core import TransactionStuck, _resume
+
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:  # what commit_transaction raises while the cluster is away
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "retry call to resume", retriable=True))
+        return "committed"
+
+    assert _resume(flaky, limit_s=5) == "committed" and len(calls) == 3
+
+    def refused() -> None:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+
+    with pytest.raises(KafkaException, match="fenced"):
+        _resume(refused, limit_s=5)
+
+    # A call that blocks past its own timeout (librdkafka's send_offsets_to_transaction with
+    # the group coordinator gone): given up after the limit, never waited for.
+    release = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(TransactionStuck):
+        _resume(lambda: release.wait(30), limit_s=0.3)
+    assert time.monotonic() - t0 < 5
+    release.set()
