@@ -265,7 +265,7 @@ class BatchWorker(WorkerCore):
                 with self.shutdown_progress("final snapshots"):
                     self.finish_writer(wait=True)
                     self.checkpoint()
-            except DeliveryError as exc:
+            except (DeliveryError, TransactionStuck) as exc:
                 log.error("final snapshots not written: %s; the next owner replays from the last snapshot", exc)
                 self.no_more_snapshots = True
             clean = True
@@ -435,25 +435,27 @@ class BatchWorker(WorkerCore):
         self.reset_pending = True
 
     reset_pending = False
-    _renewed_at = float("-inf")
+    _fenced_at = float("-inf")
 
     def _renew_producer(self, exc: KafkaException | TransactionStuck, stuck: bool = False) -> None:
         """The broker aborted the open transaction itself and fenced the producer (the cluster
         was away longer than ``transaction_timeout_s``), or a transactional call blocked past
         its timeout (``stuck``): a new producer under the same transactional id, then the
-        partitions held go back to their snapshots. Fenced twice within a transaction timeout
-        means another live instance shares the transactional id (the same
-        ``group_instance_id``): that ends the worker."""
+        partitions held go back to their snapshots. Fenced again within a minute (or two
+        transaction timeouts) of the last fencing means another live instance shares the
+        transactional id (the same ``group_instance_id``): that ends the worker."""
         why = str(exc) if stuck else exc.args[0].str()
-        if time.monotonic() - self._renewed_at < max(60.0, 2 * setting(self.settings, "transaction_timeout_s")):
-            log.error("the transactional producer failed again right after its renewal (%s): another "
-                      "instance runs with the same group_instance_id?", why)
-            raise exc
+        now = time.monotonic()
+        if not stuck:
+            if now - self._fenced_at < max(60.0, 2 * setting(self.settings, "transaction_timeout_s")):
+                log.error("the transactional producer was fenced again right after its renewal (%s): "
+                          "another instance runs with the same group_instance_id?", why)
+                raise exc
+            self._fenced_at = now
         log.warning("the transactional producer cannot go on (%s): a new producer takes over, the "
                     "outputs since the last commit are dropped, and the partitions held go back to "
                     "their last snapshots", why)
         self.renew_producer(stuck=stuck)
-        self._renewed_at = time.monotonic()
         self.metrics.producers_renewed.inc()
 
     def reset_held(self) -> list[int]:

@@ -150,8 +150,8 @@ class Transaction:
 # long it may block before the producer counts as stuck: librdkafka can block past the call's
 # timeout when the group coordinator went away with the whole cluster (confluentinc/librdkafka
 # issues 5456 and 5511).
-TXN_CALL_TIMEOUT_S = 30
-TXN_CALL_LIMIT_S = TXN_CALL_TIMEOUT_S + 15
+TXN_CALL_TIMEOUT_S = 10
+TXN_CALL_LIMIT_S = TXN_CALL_TIMEOUT_S + 10
 
 
 class TransactionStuck(Exception):

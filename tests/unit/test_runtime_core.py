@@ -255,3 +255,37 @@ def test_a_transactional_call_is_resumed_while_it_fails_retriably_and_given_up_w
         _resume(lambda: release.wait(30), limit_s=0.3)
     assert time.monotonic() - t0 < 5
     release.set()
+
+
+def test_exactly_once_replaces_a_fenced_or_stuck_producer_but_not_one_fenced_twice_in_a_row() -> None:
+    """A producer the broker fenced after an outage, or one stuck inside a call, is replaced
+    and the held partitions reset; fenced again within a minute means a second live
+    instance shares the transactional id: that ends the worker (raised)."""
+    import types
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from grudge_stream.runtime.batch import BatchWorker
+    from grudge_stream.runtime.core import TransactionStuck
+
+    renewed: list[bool] = []
+    aborted: list[int] = []
+    worker = types.SimpleNamespace(
+        settings=Settings({}), transaction=types.SimpleNamespace(open=True), writer=None,
+        _snapshot_queue=[1], reset_pending=False, _fenced_at=float("-inf"),
+        renew_producer=lambda stuck=False: renewed.append(stuck),
+        metrics=types.SimpleNamespace(producers_renewed=types.SimpleNamespace(inc=lambda: None),
+                                      transactions_aborted=types.SimpleNamespace(inc=lambda: aborted.append(1))))
+    worker._renew_producer = lambda exc, stuck=False: BatchWorker._renew_producer(worker, exc, stuck)
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+
+    BatchWorker.abort_transaction(worker, fenced)
+    assert renewed == [False] and worker.reset_pending and worker._snapshot_queue == [] and aborted == [1]
+    BatchWorker.abort_transaction(worker, TransactionStuck("blocked"))  # stuck: never counts as a fencing
+    assert renewed == [False, True]
+    with pytest.raises(KafkaException, match="fenced"):
+        BatchWorker.abort_transaction(worker, fenced)  # fenced again at once
+    assert renewed == [False, True]
+    other_fatal = KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
+    with pytest.raises(KafkaException):
+        BatchWorker.abort_transaction(worker, other_fatal)
