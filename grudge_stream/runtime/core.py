@@ -44,7 +44,7 @@ from grudge_stream.checkpoint import (
     CheckpointStore,
     watermarks,
 )
-from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
+from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError, GrudgeError
 from grudge_stream.health import AssignmentWatch, BrokerProbe, readiness
 from grudge_stream.kafkaconf import FAST_CONSUMER, client_config, producer_config
 from grudge_stream.liveness import Liveness
@@ -154,7 +154,7 @@ TXN_CALL_TIMEOUT_S = 10
 TXN_CALL_LIMIT_S = TXN_CALL_TIMEOUT_S + 10
 
 
-class TransactionStuck(Exception):
+class TransactionStuck(GrudgeError):
     """A transactional call blocked past its own timeout: the producer cannot be used again
     and is replaced (``WorkerCore.renew_producer``)."""
 
