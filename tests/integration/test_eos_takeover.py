@@ -390,7 +390,9 @@ def test_a_worker_dropped_from_the_group_aborts_its_transaction_and_carries_on(h
         h.wait_caught_up(timeout=120)
         assert a.proc.poll() is None, a.log()[-3000:]
         log = a.log()
-        assert "transaction aborted" in log, log[-3000:]
+        # Aborted, or (when librdkafka's send_offsets_to_transaction blocks past its timeout
+        # with the member gone) the producer replaced: either way the held partitions reset.
+        assert "transaction aborted" in log or "transactional producer cannot go on" in log, log[-3000:]
         assert a.stop() == 0, a.log()[-3000:]
         assert_exactly_once(h, probe)
     finally:
