@@ -402,8 +402,8 @@ class BatchWorker(WorkerCore):
         cluster was away). Abort it and carry on, as Kafka Streams does with a migrated task:
         every partition still held goes back to its last snapshot before its next record,
         since its state is ahead of the aborted outputs (``reset_held``). A producer the broker
-        fenced is replaced first (``_renew_fenced_producer``); any other fatal error is raised:
-        the worker ends (one line, exit 2)."""
+        fenced, or one stuck in a call, is replaced first (``_renew_producer``); any other
+        fatal error is raised: the worker ends (one line, exit 2)."""
         err = exc.args[0] if exc.args else None
         if self.transaction is None:
             raise exc
