@@ -491,23 +491,24 @@ class ScoreQueries:
         return slot
 
     def read_partition(self, keys: list[bytes], partition: int, n: int, idxs: list[int],
-                       results: list[dict | None]) -> None:
+                       results: list[dict | None], wait: bool = True) -> bool:
         """The answers of ``keys[i]`` for ``i`` in ``idxs`` (all on ``partition``), into
         ``results``: read together under one acquisition of the slot's lock, so a request
         waits for the processing thread at most once per partition, and every answer of a
-        partition reads the same state."""
+        partition reads the same state. ``wait=False``: nothing is read, and False returned,
+        while the processing thread holds the slot."""
         slot = self.holds(partition, n)
         if slot is None:  # revoked since the request was routed
             for i in idxs:
                 results[i] = _error(keys[i], "owner_unknown", f"partition {partition} moved during the "
                                     "request (a rebalance in progress?)", partition)
-            return
+            return True
         op = slot.operator
         describe = getattr(op, "describe_key", None)
         debug = self.debug_detail
         lock = getattr(slot, "lock", None)
-        if lock is not None:
-            lock.acquire()
+        if lock is not None and not lock.acquire(wait):
+            return False
         try:
             details = ([describe(keys[i], debug) for i in idxs] if describe is not None
                        else [{"kind": op.kind, "error": "not_supported"}] * len(idxs))
@@ -525,6 +526,7 @@ class ScoreQueries:
         served = {"served_by": self.url}
         for i, detail in zip(idxs, details):
             results[i] = {**key_fields(keys[i]), **meta, **detail, **served}
+        return True
 
     # -- a request ------------------------------------------------------------------------------
 
@@ -558,8 +560,12 @@ class ScoreQueries:
 
     def read_local(self, keys: list[bytes], n: int, local: dict[int, list[int]],
                    results: list[dict | None]) -> None:
-        """``read_partition`` for each partition of ``local`` (from ``route``)."""
-        for p, idxs in local.items():
+        """``read_partition`` for each partition of ``local`` (from ``route``): first those
+        the processing thread is not in, then the others, waiting. The loop processes a
+        batch partition by partition, so a request waits for at most the one partition in
+        progress instead of following the loop from partition to partition."""
+        busy = [(p, idxs) for p, idxs in local.items() if not self.read_partition(keys, p, n, idxs, results, False)]
+        for p, idxs in busy:
             self.read_partition(keys, p, n, idxs, results)
 
     def remote_part(self, keys: list[bytes], remote: dict[str, list[int]]) -> dict[int, dict]:

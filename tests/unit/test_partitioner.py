@@ -138,9 +138,9 @@ class _CountingLock:
         import threading
         self.inner, self.acquired = threading.Lock(), 0
 
-    def acquire(self) -> bool:
+    def acquire(self, blocking: bool = True) -> bool:
         self.acquired += 1
-        return self.inner.acquire()
+        return self.inner.acquire(blocking)
 
     def release(self) -> None:
         self.inner.release()
