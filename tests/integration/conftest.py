@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from grudge_devkafka import free_port
@@ -187,11 +187,22 @@ class Harness:
     # -- reading back ---------------------------------------------------------------------------
 
     def end_offsets(self, topic: str | None = None) -> dict[int, int]:
+        """Each partition's log end; a topic created moments ago may not have its leaders
+        elected yet (NOT_LEADER_FOR_PARTITION, UNKNOWN_TOPIC_OR_PART): asked again for 30 s."""
         topic = topic or self.topology.source_topic
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "harness-wm"})
+        deadline = time.monotonic() + 30
         try:
-            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                    for p in range(self.partitions)}
+            while True:
+                try:
+                    return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                            for p in range(self.partitions)}
+                except KafkaException as exc:
+                    if exc.args[0].code() not in (KafkaError.NOT_LEADER_FOR_PARTITION,
+                                                  KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                  KafkaError.LEADER_NOT_AVAILABLE) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
         finally:
             c.close()
 
