@@ -42,7 +42,6 @@ from grudge_stream.exceptions import ConfigError
 from grudge_stream.follow import TopicFollower
 
 if TYPE_CHECKING:
-    from grudge_stream.operators.base import Operator
     from grudge_stream.signing import SigningKeys
     from grudge_stream.topology import Topology
 
@@ -249,17 +248,6 @@ def start_override_follower(topology: Topology, bootstrap_servers: str,
 
 
 def attach_overrides(topology: Topology, table: OverrideTable) -> None:
-    """Every operator ``topology.make_operator`` builds from now on judges with ``table``."""
-    make = topology.make_operator
-    if getattr(make, "_grudge_overrides", None) is not None:
-        make = make._grudge_inner  # type: ignore[attr-defined]  # attach once: replace the table
-
-    def make_operator(partition: int, _make: Callable[[int], Operator] = make) -> Operator:
-        op = _make(partition)
-        if hasattr(op, "overrides"):
-            op.overrides = table
-        return op
-
-    make_operator._grudge_overrides = table  # type: ignore[attr-defined]
-    make_operator._grudge_inner = make  # type: ignore[attr-defined]
-    topology.make_operator = make_operator
+    """Every operator ``topology.operator`` builds from now on judges with ``table`` (its
+    ``OperatorContext``); attaching again replaces the table."""
+    topology.overrides = table

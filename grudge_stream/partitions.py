@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
 from grudge_stream.exceptions import CheckpointError, ForeignDeployment, MismatchError, PartitionCountChanged
 from grudge_stream.metrics import Metrics
-from grudge_stream.operators.base import Operator
+from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.topology import Topology
@@ -70,10 +70,11 @@ class RestoreOutcome:
 
 def restore_partition(topology: Topology, store: CheckpointStore, partition: int,
                       partition_count: int, low_watermark: Callable[[], int],
-                      metrics: Metrics | None = None) -> RestoreOutcome:
+                      metrics: Metrics | None = None,
+                      dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT) -> RestoreOutcome:
     """Build partition ``partition``'s operator from its newest usable snapshot."""
     t0 = time.perf_counter()
-    op = topology.make_operator(partition)
+    op = topology.operator(partition, partition_count, dead_letter_limit)
     labels = (op.operator_id, str(partition))
 
     def accept(ref: SnapshotRef, blob: bytes) -> None:
@@ -87,7 +88,7 @@ def restore_partition(topology: Topology, store: CheckpointStore, partition: int
                 "action: restore the old partition count, or start this topology under a new "
                 "operator id / snapshot topic and replay the history."
             )
-        probe = topology.make_operator(partition)
+        probe = topology.operator(partition, partition_count, dead_letter_limit)
         try:
             probe.restore(blob)  # SnapshotError / MismatchError refuse it
         except MismatchError as exc:
@@ -142,14 +143,10 @@ class PartitionSlot:
     """One assigned partition: its operator, and what its last snapshot covered."""
 
     def __init__(self, topology: Topology, partition: int, outcome: RestoreOutcome,
-                 partition_count: int, metrics: Metrics | None = None,
-                 dead_letter_limit: int | None = None) -> None:
+                 partition_count: int, metrics: Metrics | None = None) -> None:
         self.topology = topology
         self.partition = partition
         self.operator = outcome.operator
-        if dead_letter_limit is not None:
-            self.operator.dead_letter_limit = dead_letter_limit
-        self.operator.source_partition_count = partition_count
         self.restore_mode = outcome.mode
         self.start_offset = outcome.start_offset
         self.partition_count = partition_count

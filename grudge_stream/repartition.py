@@ -46,6 +46,7 @@ from grudge_stream.liveness import Liveness
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.codec import BadRecord, EventCodec
 from grudge_stream.record_checks import MAX_TIMESTAMP_MS
+from grudge_stream.runtime.core import Transaction, TransactionStuck
 from grudge_stream.settings import Setting, setting
 from grudge_stream.topics import ensure_repartition_topic  # noqa: F401  (its home is topics)
 
@@ -133,8 +134,9 @@ def extract_key(codec: EventCodec, key: bytes | None, value: bytes | None, times
 class Repartitioner:
     """The repartition stage: source -> ``<app_id>-repartition`` keyed by the field.
 
-    ``run_once`` handles one consumed batch (tests drive it directly); ``start`` runs it in a
-    daemon thread until ``stop``. Counters: ``records`` (consumed), ``forwarded``,
+    ``handle`` handles one consumed batch (``run_once`` consumes one and handles it; tests
+    drive the stage with it); ``start`` runs the consume loop in a daemon thread until
+    ``stop``. Counters: ``records`` (consumed), ``forwarded``,
     ``dead_letters``, ``retries`` (batches re-sent after a failed delivery or transaction),
     ``errors`` (unexpected failures; the stage rebuilds its clients and goes on)."""
 
@@ -162,6 +164,7 @@ class Repartitioner:
         self.producer: Any = None
         self._failed: list = []
         self._lag_checked = 0.0
+        self._backoff = 0.5  # before the clients are rebuilt after a failure; doubles up to 30 s
 
     # -- clients ---------------------------------------------------------------------------------
 
@@ -224,26 +227,37 @@ class Repartitioner:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def _loop(self, wait_s: float = 0.1):
+        """The consume loop over the current consumer (grudge_stream.runtime.loop)."""
+        from grudge_stream.runtime.loop import MESSAGES, ConsumeLoop
+
+        def on_error(err) -> None:
+            log.warning("repartition consume error: %s", err)
+
+        return ConsumeLoop(self.consumer, self.plan.source_topic, batch_size=self.batch_size, wait_s=wait_s,
+                           shape=MESSAGES, on_error=on_error, beat=self.liveness.beat)
+
     def run(self) -> None:
-        backoff = 0.5
         log.info("repartition stage: %s -> %s keyed by %r (group %s, %s)", self.plan.source_topic,
                  self.plan.topic, self.plan.key_field, self.plan.group,
                  "exactly once" if self.exactly_once else "at least once")
-        while not self.stopping.is_set():
+        while not self.stopping.is_set():  # a supervisor: each failure rebuilds the clients
             try:
                 if self.consumer is None:
                     self._open()
-                self.liveness.beat()
-                if self.run_once(0.1):
-                    backoff = 0.5
-                self._record_lag()
+                self._loop().run(self._step, until=self.stopping.is_set)
             except Exception as exc:  # noqa: BLE001 - the stage must outlive any one failure
                 self._count("errors", type(exc).__name__)
-                log.exception("repartition stage failed; reopening its clients in %.1fs", backoff)
-                self._abandon()
-                self.stopping.wait(backoff)
-                backoff = min(_BACKOFF_MAX_S, backoff * 2)
+                log.exception("repartition stage failed; reopening its clients in %.1fs", self._backoff)
+                self._abandon(stuck=isinstance(exc, TransactionStuck))
+                self.stopping.wait(self._backoff)
+                self._backoff = min(_BACKOFF_MAX_S, self._backoff * 2)
         self._close()
+
+    def _step(self, batch) -> None:
+        if self.handle(batch):
+            self._backoff = 0.5
+        self._record_lag()
 
     def _record_lag(self) -> None:
         """Source records not re-keyed yet, per assigned partition (log end - position), from
@@ -260,9 +274,13 @@ class Repartitioner:
         except Exception:  # noqa: BLE001 - no fetch yet, or a rebalance under way
             pass
 
-    def _abandon(self) -> None:
-        """Drop the clients without committing: the next ones resume at the committed offsets."""
-        if self.exactly_once and self.producer is not None:
+    def _abandon(self, stuck: bool = False) -> None:
+        """Drop the clients without committing: the next ones resume at the committed offsets.
+        A producer whose transactional call blocked (``stuck``) is left as it is: asking it
+        to abort would block again."""
+        if stuck:
+            self.producer = None
+        elif self.exactly_once and self.producer is not None:
             try:
                 self.producer.abort_transaction(10)
             except Exception:  # noqa: BLE001 - none open, or the producer is fenced
@@ -270,49 +288,40 @@ class Repartitioner:
         self._close()
 
     def run_once(self, timeout_s: float = 0.1) -> int:
-        """Consume one batch, re-key and produce it, wait for delivery, commit. Returns the
-        number of records handled (0: nothing came, or the batch is re-sent next time)."""
-        from confluent_kafka import KafkaError, TopicPartition
+        """Consume one batch and handle it (tests drive the stage with it)."""
+        return self.handle(self._loop(timeout_s).read())
 
-        msgs = self.consumer.consume(self.batch_size, timeout=timeout_s)
-        if not msgs:
+    def handle(self, batch) -> int:
+        """Re-key and produce one consumed batch, wait for its delivery, commit its offsets
+        (in the transaction with exactly-once). Returns the number of records handled (0:
+        nothing came, or the batch is re-sent next time)."""
+        from confluent_kafka import KafkaException
+
+        if not batch.count:
             return 0
-        firsts: dict[int, int] = {}
-        nexts: dict[int, int] = {}
-        good = []
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("repartition consume error: %s", err)
-                continue
-            p = m.partition()
-            firsts.setdefault(p, m.offset())
-            nexts[p] = m.offset() + 1
-            good.append(m)
-        if not good:
-            return 0
-        if self.exactly_once:
-            self.producer.begin_transaction()
+        firsts = {p: msgs[0].offset() for p, msgs in batch.groups.items()}
+        nexts = {p: msgs[-1].offset() + 1 for p, msgs in batch.groups.items()}
+        good = [m for msgs in batch.groups.values() for m in msgs]
+        txn = Transaction(self.producer, self.consumer.consumer_group_metadata) if self.exactly_once else None
+        if txn is not None:
+            txn.begin()
         forwarded, dead = self._produce(good)
         if not self._delivered():
             return self._retry(firsts, "delivery failed")
         topic = self.plan.source_topic
-        offsets = [TopicPartition(topic, p, o) for p, o in nexts.items()]
-        if self.exactly_once:
-            from confluent_kafka import KafkaException
-
+        if txn is not None:
             try:
-                self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(),
-                                                          60)
-                self.producer.commit_transaction(60)
+                txn.commit(topic, nexts)  # offsets and records together, bounded (runtime.core)
             except KafkaException as exc:
                 if exc.args[0].fatal():
                     raise
                 return self._retry(firsts, f"transaction failed: {exc}")
         else:
+            from confluent_kafka import TopicPartition
+
             try:
-                self.consumer.commit(offsets=offsets, asynchronous=False)
+                self.consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in nexts.items()],
+                                     asynchronous=False)
             except Exception as exc:  # noqa: BLE001 - a rebalance took the partitions
                 # Delivered but not committed: the next owner re-sends them (duplicates the
                 # operators' state absorbs), nothing is lost.

@@ -135,7 +135,8 @@ class SketchState(Generic[OpT]):
             snapshot_topic=snapshot_topic or f"{name}-snapshots",
             checkpoint_interval_s=float(checkpoint_interval_s), restore_fallback="replay",
             description=f"embedded {self.kind} state", app_id=f"grudge-embedded-{name}",
-            overrides_topic="" if overrides else None, operator_id=operator_id)
+            overrides_topic="" if overrides else None, operator_id=operator_id,
+            needs_headers=False)  # the app's own code hands each event to the state
         self._settings = settings or Settings()
         self._bootstrap = bootstrap_servers
         self._client_config = dict(client_config or {})

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
-from grudge_stream.operators.base import Operator
+from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator, OperatorContext
 from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Settings, setting
 
 log = logging.getLogger("grudge_stream.runtime")
@@ -67,6 +67,12 @@ class Topology:
     overrides_topic: str | None = ""
     # The operators' id (snapshot keys, output ids); "" = asked of an operator, once.
     operator_id: str = ""
+    # Whether the operators read record headers (``Operator.needs_headers``: the runtimes
+    # then hand them SourceRecords, not columns); None = asked of an operator, once.
+    needs_headers: bool | None = None
+    # The deployment's allow / deny table once a runtime attached it (``grudge_stream.overrides``);
+    # every operator built by ``operator`` from then on gets it in its context.
+    overrides: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.restore_fallback not in RESTORE_FALLBACKS:
@@ -75,8 +81,11 @@ class Topology:
             raise ConfigError("checkpoint_interval_s must be > 0")
         if "dead_letters" not in self.outputs:
             raise ConfigError("a topology needs a dead_letters output topic")
-        if not self.operator_id:
-            self.operator_id = self.make_operator(0).operator_id
+        if not self.operator_id or self.needs_headers is None:
+            op = self.make_operator(0)  # a topology that did not say: built once, here
+            self.operator_id = self.operator_id or op.operator_id
+            if self.needs_headers is None:
+                self.needs_headers = bool(op.needs_headers)
         if not self.app_id:
             self.app_id = f"grudge-{self.operator_id}-{self.source_topic}"
         judged = self.outputs.get("alerts") or self.outputs.get("decisions")
@@ -88,6 +97,14 @@ class Topology:
 
     def output_topic(self, role: str) -> str | None:
         return self.outputs.get(role)
+
+    def operator(self, partition: int, partition_count: int | None = None,
+                 dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT) -> Operator:
+        """A new operator for ``partition`` (``make_operator``), handed the runtime's context
+        (``OperatorContext``): what runtimes, replay and restores build operators with."""
+        op = self.make_operator(partition)
+        op.init(OperatorContext(partition, partition_count, self.overrides, dead_letter_limit))
+        return op
 
 
 SHIPPED_PACKAGE = "grudge_stream.topologies"

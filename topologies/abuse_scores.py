@@ -90,6 +90,7 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
+        needs_headers=False,
         name=settings["app_name"] or "abuse-scores",
         source_topic=source,
         make_operator=make_operator,

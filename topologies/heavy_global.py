@@ -54,6 +54,7 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
+        needs_headers=False,
         name=settings["app_name"] or "heavy-global",
         source_topic=source,
         make_operator=make_operator,

@@ -67,6 +67,7 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
+        needs_headers=True,
         name=settings["app_name"] or "known-keys",
         source_topic=source,
         make_operator=make_operator,

@@ -70,6 +70,7 @@ def build(settings: Settings) -> Topology:
 
     return Topology(
         operator_id=operator_id,
+        needs_headers=params["request_id_header"] is not None,
         name=settings["app_name"] or "rate-limit",
         source_topic=source,
         make_operator=make_operator,

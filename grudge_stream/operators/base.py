@@ -36,12 +36,18 @@ import abc
 import base64
 import hashlib
 import time
+from bisect import bisect_left
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
+import numpy as np
+
 from grudge_stream import envelope
+from grudge_stream._cyext import _ingest
 from grudge_stream.exceptions import ConfigError, MismatchError, SnapshotError
 from grudge_stream.hashkey import HashKey, key_fingerprint
-from grudge_stream.operators.codec import BadRecord, Event, EventCodec
+from grudge_stream.operators.codec import CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, BadRecord, Event, EventCodec
+from grudge_stream.operators.columns import Columns, Run
 from grudge_stream.operators.records import TICK_KEY, CutBytes, DeadLetter, OutputRecord, SourceRecord, output_id
 
 SNAPSHOT_VERSION = 1
@@ -55,6 +61,27 @@ DEFAULT_DEAD_LETTER_LIMIT = 1_000_000
 # replaced by their SHA-256 (the full key, cut to fit, stays in the body).
 DEAD_LETTER_KEY_BYTES = 1024
 _REASON_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class OperatorContext:
+    """What a runtime hands each operator it builds (``Topology.operator``), as Kafka
+    Streams hands a processor its ``ProcessorContext``: where the operator runs and what
+    the deployment around it provides. The operator's own settings come with its
+    constructor; none of this is state, and none of it is snapshotted.
+
+    - ``partition``: the source partition it serves;
+    - ``partition_count``: the source topic's partition count (None: not known yet);
+      reports that merge over partitions carry it;
+    - ``overrides``: the deployment's allow / deny table (``grudge_stream.overrides``),
+      None without one; operators that judge keys consult it first;
+    - ``dead_letter_limit``: the largest dead letter the dead-letter topic takes (bytes).
+    """
+
+    partition: int
+    partition_count: int | None = None
+    overrides: Any = None
+    dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT
 
 
 def default_time_bounds(time_scale_ms: float | None) -> tuple[int, int]:
@@ -147,6 +174,8 @@ class Operator(abc.ABC):
     # True for operators that forward source records (their headers travel on): the runtimes
     # then hand them SourceRecords with ``headers``; the others get the header-free columns.
     needs_headers: ClassVar[bool] = False
+    # The deployment's allow / deny table, from the context (``init``); None without one.
+    overrides: Any = None
 
     def __init__(self, *, operator_id: str, source_topic: str, partition: int,
                  codec: EventCodec, max_future_ms: int | str | None = AUTO,
@@ -207,6 +236,16 @@ class Operator(abc.ABC):
         # Event-time timers (``every``): name -> interval, and name -> next due time.
         self._timer_intervals: dict[str, int] = {}
         self.timers: dict[str, int | None] = {}
+
+    def init(self, context: OperatorContext) -> None:
+        """Take what the runtime provides (``OperatorContext``); called once, before the
+        first record or restore, by ``Topology.operator``."""
+        if context.partition != self.partition:
+            raise ValueError(f"operator for {self.source_topic}[{self.partition}] got the context of "
+                             f"partition {context.partition}")
+        self.source_partition_count = context.partition_count
+        self.dead_letter_limit = context.dead_letter_limit
+        self.overrides = context.overrides
 
     # -- event-time timers --------------------------------------------------------------------
 
@@ -303,19 +342,65 @@ class Operator(abc.ABC):
         """Identity of the state's shape (``state_config``); policy settings are not part of it."""
         return envelope.fingerprint(self.state_config())
 
-    # -- processing ---------------------------------------------------------------------------
+    # -- processing: one pipeline ---------------------------------------------------------------
+
+    # A late event's value is weighted by exp(-late_decay_per_ms * lateness) on the column path
+    # (``Run.weighted``, for a vectorized ``apply_columns``); ``apply`` gets the lateness itself.
+    late_decay_per_ms: float = 0.0
+    # True when ``validate_event`` reads state that applying the batch's earlier events changes:
+    # such an operator's events are checked and applied one record at a time.
+    validates_against_state: ClassVar[bool] = False
 
     def process(self, records: Sequence[SourceRecord], processing_ms: int | None = None) -> list[OutputRecord]:
         """Process records of this partition in offset order; ``processing_ms`` is the
-        processing time the future bound is measured from (default: the wall clock now)."""
-        out: list[OutputRecord] = []
-        limits = self._limits(processing_ms)
+        processing time the future bound is measured from (default: the wall clock now).
+        The records keep their headers (what ``needs_headers`` operators read); otherwise
+        this is ``process_columns``: one pipeline."""
+        topic, partition = self.source_topic, self.partition
         for rec in records:
-            if rec.partition != self.partition or rec.topic != self.source_topic:
+            if rec.partition != partition or rec.topic != topic:
                 raise ValueError(
-                    f"operator for {self.source_topic}[{self.partition}] got a record of "
-                    f"{rec.topic}[{rec.partition}]"
+                    f"operator for {topic}[{partition}] got a record of {rec.topic}[{rec.partition}]"
                 )
+        return self._pipeline(Columns.of_records(topic, partition, records), processing_ms)
+
+    def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
+                        keys: list, values: list, processing_ms: int | None = None) -> list[OutputRecord]:
+        """``process`` over one partition's records given as columns (what batch runtimes
+        read, without headers)."""
+        if partition != self.partition or topic != self.source_topic:
+            raise ValueError(f"operator for {self.source_topic}[{self.partition}] got {topic}[{partition}]")
+        return self._pipeline(Columns(topic, partition, (offsets, timestamps, keys, values)), processing_ms)
+
+    def _pipeline(self, batch: Columns, processing_ms: int | None) -> list[OutputRecord]:
+        """The operator pipeline, per batch: records below ``next_offset`` skipped; the rest
+        decoded as a column (numeric payload codecs: one Cython pass over cached payloads)
+        and checked, bad ones dead-lettered; event times bounded and the watermark run in
+        one Cython loop; timers fired at the events that make them due; the events between
+        two timers applied by ``apply_columns`` (vectorized where an operator can, ``apply``
+        per event otherwise); outputs in offset order. A batch holding a tick record, or an
+        operator whose checks read state its own events change (``validates_against_state``),
+        takes the same steps one record at a time (``_per_record``): the results are
+        identical either way."""
+        if not len(batch):
+            return []
+        limits = self._limits(processing_ms)
+        if self._columns_pay():
+            out = self._columnar(batch, limits)
+            if out is not None:
+                return out
+        return self._per_record(batch, limits)
+
+    def _columns_pay(self) -> bool:
+        """Whether the column steps beat the record-by-record ones for this operator: it
+        applies a segment of events at once (it overrides ``apply_columns``). An operator
+        that applies event by event runs the same steps one record at a time, which costs
+        less than building columns for per-event work (benchmarks/bench_operators.py)."""
+        return not self.validates_against_state and type(self).apply_columns is not Operator.apply_columns
+
+    def _per_record(self, batch: Columns, limits: tuple[int | None, int | None]) -> list[OutputRecord]:
+        out: list[OutputRecord] = []
+        for rec in batch.iter_records():
             if self.next_offset is not None and rec.offset < self.next_offset:
                 self.skipped += 1
                 continue
@@ -330,6 +415,118 @@ class Operator(abc.ABC):
                 continue
             self._admit(ev, rec, limits, out)
         return out
+
+    def _columnar(self, batch: Columns, limits: tuple[int | None, int | None]) -> list[OutputRecord] | None:
+        """The column path of ``_pipeline``; None (nothing changed) for a batch with a tick."""
+        offsets, timestamps, keys, values = batch.columns()
+        n_all = len(offsets)
+        start = 0 if self.next_offset is None else bisect_left(offsets, self.next_offset)
+        if start == n_all:
+            self.skipped += start
+            return []
+        codec = self.codec
+        numeric = codec.numeric_values
+        ev_keys: list | None
+        vals: Any
+        if numeric and codec.value_only:
+            idx, vals, ts, bad = _ingest.decode_column(
+                keys, values, timestamps, start, codec._cache, codec.decode_value_or_reason,
+                codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, codec.allow_empty_keys)
+            ev_keys = None  # the record keys
+            if bad and any(keys[i] == TICK_KEY and values[i] is None for i, _ in bad):
+                return None  # a tick (a quiet partition's time moving on): in its place, record by record
+        else:
+            decoded = _decode_each(codec, keys, values, timestamps, start)
+            if decoded is None:
+                return None  # a tick: record by record
+            idx, ev_keys, vals, ts, bad = decoded
+            if numeric:
+                vals = np.asarray(vals, dtype=np.float64)
+        self.skipped += start
+        tagged: list[tuple[int, int, OutputRecord]] = [
+            (offsets[i], 0, self.dead_letter(batch.record(i), reason)) for i, reason in bad]
+        keep: np.ndarray | None = None
+        if type(self).validate_event is not Operator.validate_event and len(idx):
+            keep = np.ones(len(idx), dtype=bool)
+            validate = self.validate_event
+            py_vals = vals.tolist() if numeric else vals
+            for j, i in enumerate(idx.tolist()):
+                try:
+                    validate(Event(keys[i] if ev_keys is None else ev_keys[j], int(ts[j]), py_vals[j]))
+                except BadRecord as exc:
+                    keep[j] = False
+                    tagged.append((offsets[i], 0, self.dead_letter(batch.record(i), str(exc))))
+            idx, ts, vals, ev_keys = _kept(keep, idx, ts, vals, ev_keys)
+        n = len(idx)
+        if n:
+            fut_limit, late_limit = limits
+            clamp = self.future_policy == "clamp"
+            now, weighted, late, clamped, dropped = _ingest.watermark_and_weights(
+                ts, vals if numeric else np.zeros(n), self.watermark, self.late_decay_per_ms if numeric else 0.0,
+                fut_limit, clamp, late_limit)
+            self.counters["future_clamped"] += clamped
+            if dropped:
+                keep = np.ones(n, dtype=bool)
+                for j, code, t, wm in dropped:
+                    keep[j] = False
+                    if code == 2:
+                        self.counters["late_dropped"] += 1
+                        if self.late_policy == "count":
+                            continue
+                    i = int(idx[j])
+                    tagged.append((offsets[i], 0, self.dead_letter(batch.record(i),
+                                                                   self.time_reason(code, t, wm, fut_limit))))
+                idx, ts, vals, ev_keys = _kept(keep, idx, ts, vals, ev_keys)
+                n = len(idx)
+        if n:
+            if clamped:  # applied at the watermark: their time is the watermark's
+                ts = np.where(ts > fut_limit, now, ts)
+            self.watermark = int(now[-1])
+            self.counters["events"] += n
+            self.counters["late"] += late
+            if ev_keys is None:
+                ev_keys = keys[start:] if n == n_all - start else [keys[i] for i in idx.tolist()]
+            run = Run(batch, idx, ev_keys, vals, ts, now, weighted if numeric else None, tagged)
+            pos = 0
+            while pos < n:
+                end = n
+                if self._timer_intervals:
+                    # The timers fire as ``_admit`` fires them, at the first event of a segment;
+                    # the segment then runs up to the next due time (``now`` never decreases).
+                    i = int(idx[pos])
+                    timer_out: list[OutputRecord] = []
+                    self.fire_timers(int(now[pos]), batch.record(i), timer_out)
+                    run.emit(offsets[i], timer_out)
+                    due = self.next_timer()
+                    if due is not None:
+                        end = int(np.searchsorted(now, due, side="left"))
+                self.apply_columns(run, pos, end)
+                pos = end
+        self.next_offset = offsets[-1] + 1
+        tagged.sort(key=lambda x: (x[0], x[1]))
+        return [o for _, _, o in tagged]
+
+    def apply_columns(self, run: Run, a: int, b: int) -> None:
+        """Apply events ``a`` to ``b`` of ``run``: one segment, in which no timer falls due.
+        Operators with a vectorized update override it; this one calls ``apply`` per event,
+        exactly as the record path does."""
+        values = run.values[a:b]
+        if isinstance(values, np.ndarray):
+            values = values.tolist()
+        batch = run.batch
+        recs = batch.records
+        if recs is None:
+            offsets, timestamps, keys, raw = batch.columns()
+            topic, partition = batch.topic, batch.partition
+        apply, emit = self.apply, run.emit
+        for i, key, ts, value, now, late in zip(run.idx[a:b].tolist(), run.keys_of(a, b), run.ts[a:b].tolist(),
+                                                values, run.now[a:b].tolist(), run.late[a:b].tolist()):
+            rec = recs[i] if recs is not None else SourceRecord(topic, partition, offsets[i], timestamps[i],
+                                                                keys[i], raw[i])
+            out: list[OutputRecord] = []
+            apply(Event(key, ts, value), rec, now, late, out)
+            if out:
+                emit(rec.offset, out)
 
     def apply_event(self, key: bytes, value: Any, *, offset: int, timestamp_ms: int,
                     processing_ms: int | None = None) -> list[OutputRecord] | None:
@@ -425,13 +622,6 @@ class Operator(abc.ABC):
         if processing_ms is None:
             processing_ms = time.time_ns() // 1_000_000
         return processing_ms + fut, late
-
-    def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
-                        keys: list, values: list, processing_ms: int | None = None) -> list[OutputRecord]:
-        """``process`` over one partition's records given as columns (what batch runtimes
-        read). Operators with a vectorized path override it; results are identical."""
-        return self.process([SourceRecord(topic, partition, o, t, k, v)
-                             for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
 
     def saturation(self) -> list:
         """How full each sketch is at the watermark, with a warning when one passed its
@@ -590,3 +780,41 @@ def read_snapshot(blob: bytes) -> tuple[dict, memoryview]:
         if field not in header:
             raise SnapshotError(f"operator snapshot header lacks {field!r}")
     return header, payload
+
+
+def _decode_each(codec: EventCodec, keys: list, values: list, timestamps: list,
+                 start: int) -> tuple[np.ndarray, list, list, np.ndarray, list[tuple[int, str]]] | None:
+    """``codec.decode`` over the records from ``start``: (positions, event keys, values,
+    event times) of the good ones, and ``(position, reason)`` of the bad ones; None when
+    a tick record is among them."""
+    idx: list[int] = []
+    ev_keys: list = []
+    vals: list = []
+    ts: list[int] = []
+    bad: list[tuple[int, str]] = []
+    decode = codec.decode
+    for i in range(start, len(keys)):
+        if values[i] is None and keys[i] == TICK_KEY:
+            return None
+        try:
+            ev = decode(keys[i], values[i], timestamps[i])
+        except BadRecord as exc:
+            bad.append((i, str(exc)))
+            continue
+        idx.append(i)
+        ev_keys.append(ev.key)
+        vals.append(ev.value)
+        ts.append(ev.ts_ms)
+    return np.array(idx, dtype=np.int64), ev_keys, vals, np.array(ts, dtype=np.int64), bad
+
+
+def _kept(keep: np.ndarray, idx: np.ndarray, ts: np.ndarray, vals: Any,
+          ev_keys: list | None) -> tuple[np.ndarray, np.ndarray, Any, list | None]:
+    """The events ``keep`` marks, of each column."""
+    if isinstance(vals, np.ndarray):
+        vals = vals[keep]
+    else:
+        vals = [v for v, k in zip(vals, keep.tolist()) if k]
+    if ev_keys is not None:
+        ev_keys = [key for key, k in zip(ev_keys, keep.tolist()) if k]
+    return idx[keep], ts[keep], vals, ev_keys

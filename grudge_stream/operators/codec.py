@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import Any, ClassVar, Mapping, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
 
@@ -58,6 +58,10 @@ class EventCodec:
     - ``allow_empty_keys``: an empty key (``b""``) is dead-lettered unless this is true:
       every empty-keyed producer would otherwise share one key's state.
     """
+
+    # Whether decoded values are floats (the column pipeline keeps them in an array and
+    # weighs late ones); a codec whose values are other objects says False.
+    numeric_values: ClassVar[bool] = True
 
     encoding: str = "json"
     key_field: str | None = None

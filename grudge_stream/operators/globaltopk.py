@@ -133,6 +133,8 @@ class ReportCodec(EventCodec):
     """Reads heavy-hitters reports: the event time is the interval end, the value the
     parsed ``Report``; anything malformed is a BadRecord (a dead letter)."""
 
+    numeric_values = False  # a Report
+
     value_field: str | None = None
     time_field: str | None = "interval_end_ms"
 
@@ -177,6 +179,10 @@ class GlobalTopKOperator(Operator):
     (the partition count of reports that do not carry one; 0: required in reports).
     Memory: at most ``max_open_intervals`` x partitions x k entries.
     """
+
+    # A report is checked against the interval its first report opened (``validate_event``),
+    # which an earlier report of the same batch may have opened: one record at a time.
+    validates_against_state = True
 
     kind = "global_top_k"
     state_keys = ()

@@ -51,6 +51,8 @@ class RequestCodec(EventCodec):
     """An ``EventCodec`` whose value is ``(cost, request id from the JSON field)``: a missing
     cost field is ``default_value``, a present but invalid one a BadRecord."""
 
+    numeric_values = False  # (cost, request id)
+
     default_value: float = 1.0
     request_id_field: str | None = "request_id"
 
@@ -93,9 +95,6 @@ def request_id_fields(rid: Any) -> dict:
 
 
 class RateLimitOperator(Operator):
-    # Manual allow / deny entries (grudge_stream.overrides), set by the runtime.
-    overrides: Any = None
-
     kind = "rate_limit"
     state_keys = ("bucket",)
 

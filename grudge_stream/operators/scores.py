@@ -21,23 +21,16 @@ them whenever the watermark crosses a multiple of ``sweep_interval_ms``.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from typing import Any, Mapping
 
 import numpy as np
 
-from grudge_stream._cyext import _ingest
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import LATCH_CAPACITY, AlertLatch
-from grudge_stream.operators.base import Operator
-from grudge_stream.operators.codec import (
-    CACHE_MAX_ENTRIES,
-    CACHE_MAX_VALUE_BYTES,
-    Event,
-    EventCodec,
-)
+from grudge_stream.operators.codec import Event, EventCodec
+from grudge_stream.operators.columns import Run
 from grudge_stream.operators.describe import score_detail, split_score_detail
-from grudge_stream.operators.records import TICK_KEY, OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
+from grudge_stream.operators.records import OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
 from grudge_stream.operators.saturation import score_saturation
 from grudge_stream.operators.sketchconf import (
     build_score_sketch,
@@ -81,7 +74,7 @@ class FeedbackScoreOperator(SketchAlertOperator):
         self.every("sweep", self.sweep_interval_ms)
         self.emit_scores = emit_scores
         self._override_hashes: tuple[tuple[int, int], np.ndarray] | None = None
-        self._lam_per_ms = decay_lambda_per_ms(self.sketch_config)
+        self._lam_per_ms = self.late_decay_per_ms = decay_lambda_per_ms(self.sketch_config)
         self.counters.update(alerts_raised=0, alerts_cleared=0)
 
     def time_scale_ms(self) -> float | None:
@@ -118,97 +111,22 @@ class FeedbackScoreOperator(SketchAlertOperator):
             out.append(OutputRecord("scores", ev.key, _score_record(
                 self.operator_id, ev.key, score, now_ms, rec, state)))
 
-    # -- the batch path ----------------------------------------------------------------------
+    # -- the column path ---------------------------------------------------------------------
 
-    def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
-                        keys: list, values: list, processing_ms: int | None = None) -> list[OutputRecord]:
-        """``process`` over one partition's records given as columns; identical results.
-
-        The per-record work is a cached payload lookup (Cython), the sketch update is one
-        nogil batch call per sweep segment, and only events that can change an alert latch
-        (a score at ``raise_at`` or above, or a key already raised) are looked at in Python.
-        """
-        if (not self.codec.value_only or self.emit_scores == "every"
-                or type(self).validate_event is not Operator.validate_event):
-            # (A subclass's own event checks run on the record path only.)
-            return self.process([SourceRecord(topic, partition, o, t, k, v)
-                                 for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
-        if partition != self.partition or topic != self.source_topic:
-            raise ValueError(f"operator for {self.source_topic}[{self.partition}] got {topic}[{partition}]")
-        if not offsets:
-            return []
-        start = 0 if self.next_offset is None else bisect_left(offsets, self.next_offset)
-        self.skipped += start
-        if start == len(offsets):
-            return []
-        codec = self.codec
-        idx, deltas, ts, bad = _ingest.decode_column(
-            keys, values, timestamps, start, codec._cache, codec.decode_value_or_reason,
-            codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, codec.allow_empty_keys)
-        if bad and any(keys[i] == TICK_KEY for i, _ in bad):
-            # A tick (a quiet partition's time moving on) among the records: the record path,
-            # which takes it in its place between the events.
-            self.skipped -= start
-            return self.process([SourceRecord(topic, partition, o, t, k, v)
-                                 for o, t, k, v in zip(offsets, timestamps, keys, values)], processing_ms)
-        tagged: list[tuple[int, int, OutputRecord]] = []
-        for i, reason in bad:
-            rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
-            tagged.append((offsets[i], 0, self.dead_letter(rec, reason)))
-        n = len(idx)
-        if n:
-            fut_limit, late_limit = self._limits(processing_ms)
-            now, weighted, late, clamped, dropped = _ingest.watermark_and_weights(
-                ts, deltas, self.watermark, self._lam_per_ms, fut_limit, self.future_policy == "clamp",
-                late_limit)
-            self.counters["future_clamped"] += clamped
-            if dropped:
-                keep = np.ones(n, dtype=bool)
-                for j, code, t, wm in dropped:
-                    keep[j] = False
-                    if code == 2:
-                        self.counters["late_dropped"] += 1
-                        if self.late_policy == "count":
-                            continue
-                    i = int(idx[j])
-                    rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
-                    tagged.append((offsets[i], 0, self.dead_letter(rec, self.time_reason(code, t, wm, fut_limit))))
-                idx = idx[keep]
-                n = len(idx)
-        if n:
-            self.watermark = int(now[-1])
-            self.counters["events"] += n
-            self.counters["late"] += late
-            ev_keys = keys[start:] if (not bad and n == len(keys) - start) else [keys[i] for i in idx.tolist()]
-            hashes = self.sketch.key_hashes(ev_keys)
-            seq = [1]
-            pos = 0
-            while pos < n:
-                # The timers fire exactly as process() fires them, at the first event of a
-                # segment; the segment then runs up to the next due time (``now`` never decreases).
-                t = int(now[pos])
-                i = int(idx[pos])
-                rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
-                timer_out: list[OutputRecord] = []
-                self.fire_timers(t, rec, timer_out)
-                for o in timer_out:
-                    seq[0] += 1
-                    tagged.append((offsets[i], seq[0], o))
-                due = self.next_timer()
-                end = n if due is None else int(np.searchsorted(now, due, side="left"))
-                self._apply_segment(pos, end, idx, hashes, weighted, now, ev_keys, topic, partition,
-                                    offsets, timestamps, keys, values, tagged, seq)
-                pos = end
-        self.next_offset = offsets[-1] + 1
-        tagged.sort(key=lambda x: (x[0], x[1]))
-        return [o for _, _, o in tagged]
-
-    def _apply_segment(self, a: int, b: int, idx, hashes, weighted, now, ev_keys, topic, partition,
-                       offsets, timestamps, keys, values, tagged, seq) -> None:
-        scores = self.sketch.update_and_query_many(hashes[a:b], weighted[a:b], now_ms=now[a:b])
+    def apply_columns(self, run: Run, a: int, b: int) -> None:
+        """One segment of the column pipeline: the sketch is updated by one nogil batch call,
+        and only events that can change an alert latch (a score at ``raise_at`` or above,
+        a key already raised, an overridden key) are looked at in Python. Identical to
+        ``apply`` per event, which scores emitted for every event still take."""
+        if run.weighted is None or self.emit_scores == "every":
+            return super().apply_columns(run, a, b)
+        keys = run.keys
+        hashes = self.sketch.key_hashes(run.keys_of(a, b))
+        now = run.now
+        scores = self.sketch.update_and_query_many(hashes, run.weighted[a:b], now_ms=now[a:b])
         latch = self.latch
         high = scores >= latch.raise_at
-        hot = hashes[a:b][high]
+        hot = hashes[high]
         # Keys already raised can clear, and overridden keys are judged whatever their score.
         if len(latch):
             hot = np.concatenate((hot, self.sketch.key_hashes(list(latch.keys()))))
@@ -219,24 +137,21 @@ class FeedbackScoreOperator(SketchAlertOperator):
             if self._override_hashes is None or self._override_hashes[0] != stamp:
                 self._override_hashes = (stamp, self.sketch.key_hashes([k for k, _ in table.items()]))
             hot = np.concatenate((hot, self._override_hashes[1]))
-        cand = np.flatnonzero(high | np.isin(hashes[a:b], hot)) if len(hot) else np.flatnonzero(high)
+        cand = np.flatnonzero(high | np.isin(hashes, hot)) if len(hot) else np.flatnonzero(high)
         for j in cand.tolist():
             e = a + j
-            key = ev_keys[e]
+            key = keys[e]
             score = float(scores[j])
-            state, override = self._judge(key, score, int(now[e]))
+            t = int(now[e])
+            state, override = self._judge(key, score, t)
             if state is None:
                 continue
-            i = int(idx[e])
-            rec = SourceRecord(topic, partition, offsets[i], timestamps[i], keys[i], values[i])
+            rec = run.record(e)
             out: list[OutputRecord] = []
-            self._alert(key, state, score, int(now[e]), rec, out, override)
+            self._alert(key, state, score, t, rec, out, override)
             if self.emit_scores == "crossings":
-                out.append(OutputRecord("scores", key, _score_record(
-                    self.operator_id, key, score, int(now[e]), rec, state)))
-            for o in out:
-                seq[0] += 1
-                tagged.append((offsets[i], seq[0], o))
+                out.append(OutputRecord("scores", key, _score_record(self.operator_id, key, score, t, rec, state)))
+            run.emit(rec.offset, out)
 
     def on_timer(self, name: str, now_ms: int, rec: SourceRecord, out: list[OutputRecord]) -> None:
         self._sweep(now_ms, rec, out)

@@ -18,13 +18,12 @@ class SketchAlertOperator(Operator):
     state on ``alert_state`` (compacted: the raise alert while raised, a tombstone once
     cleared or dropped by a latch overflow), from which subscribers bootstrap the
     raised set (``grudge_stream.client``). ``overrides`` (a
-    ``grudge_stream.overrides.OverrideTable``, set by the runtime) is consulted before
-    the latch: allowed keys are never raised, denied keys always.
+    ``grudge_stream.overrides.OverrideTable``, from the ``OperatorContext``) is consulted
+    before the latch: allowed keys are never raised, denied keys always.
     """
 
     sketch: Any
     latch: AlertLatch
-    overrides: Any = None
 
     def _judge(self, key: bytes, score: float, now_ms: int) -> tuple[str | None, str | None]:
         """The latch's verdict on ``key``'s new score, overrides first: ``(state, override)``."""

@@ -28,15 +28,15 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import IO
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
-from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.kafkaconf import FAST_CONSUMER  # noqa: F401 - also re-exported
 from grudge_stream.operators.records import OutputRecord, group_source_records  # noqa: F401 - also re-exported
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.replay.ranges import Position, resolve, topic_partitions
+from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
 from grudge_stream.topology import Topology
 
 log = logging.getLogger("grudge_stream.replay")
@@ -148,11 +148,10 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
                  if (write_snapshots or from_snapshot) else None)
         operators = {}
         for p in partitions:
-            op = topology.make_operator(p)
-            op.source_partition_count = len(partitions)
+            op = topology.operator(p, len(partitions))
             if from_snapshot:
                 assert store is not None
-                res = store.restore(op.operator_id, p, accept=lambda ref, blob, p=p: topology.make_operator(p).restore(blob))
+                res = store.restore(op.operator_id, p, accept=lambda ref, blob, p=p: topology.operator(p, len(partitions)).restore(blob))
                 if res.blob is None:
                     raise ConfigError(f"--from-snapshot: no usable snapshot for {topic}[{p}]")
                 op.restore(res.blob)
@@ -166,43 +165,39 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
         total = sum(ends[p] - starts[p] for p in todo)
         done_pp = {p: 0 for p in partitions}
         prog = Progress(total, progress_stream) if progress else None
-        with_headers = any(op.needs_headers for op in operators.values())
+        shape = RECORDS if topology.needs_headers else COLUMNS
         if todo:
             consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(todo)])
-        while todo:
-            msgs = consumer.consume(batch_size, timeout=1.0)
-            if not msgs:
-                continue
-            if with_headers:
-                recs_by_p, errors = group_source_records(topic, msgs)
-                groups = {p: ([r.offset for r in recs], recs) for p, recs in recs_by_p.items()}
-            else:
-                groups, errors = group_messages(msgs)
-            for m in errors:
-                if m.error().code() != KafkaError._PARTITION_EOF:
-                    raise ConfigError(f"error reading {topic}: {m.error()}")
-            for p, cols in groups.items():
+
+        def on_error(err) -> None:
+            raise ConfigError(f"error reading {topic}: {err}")
+
+        def step(batch: Batch) -> None:
+            """Apply each partition's records below its end; a partition that reached it
+            is done and unassigned."""
+            for p in list(batch.groups):
                 if p not in todo:
                     continue
-                offs = cols[0]
+                chunk = batch.groups[p]
+                offs = batch.offsets(p, shape)
                 cut = bisect_left(offs, ends[p])
                 if cut < len(offs):
-                    cols = tuple(c[:cut] for c in cols)
-                    offs = cols[0]
-                if offs:
-                    if with_headers:
-                        out = operators[p].process(cols[1])
-                    else:
-                        out = operators[p].process_columns(topic, p, *cols)
+                    chunk = chunk[:cut] if shape == RECORDS else tuple(c[:cut] for c in chunk)
+                if cut:
+                    op = operators[p]
+                    out = op.process(chunk) if shape == RECORDS else op.process_columns(topic, p, *chunk)
                     if out and sink is not None:
                         sink.publish(out)
-                    report.records += len(offs)
-                    done_pp[p] = offs[-1] + 1 - starts[p]
-                if cut < len(groups[p][0]) or (offs and offs[-1] + 1 >= ends[p]):
+                    report.records += cut
+                    done_pp[p] = offs[cut - 1] + 1 - starts[p]
+                if cut < len(offs) or (cut and offs[cut - 1] + 1 >= ends[p]):
                     todo.discard(p)
                     consumer.incremental_unassign([TopicPartition(topic, p)])
-            if prog:
+            if prog and batch.count:
                 prog.update(report.records, {p: (done_pp[p], ends[p] - starts[p]) for p in partitions})
+
+        ConsumeLoop(consumer, topic, batch_size=batch_size, wait_s=1.0, shape=shape,
+                    on_error=on_error).run(step, until=lambda: not todo)
         if prog:
             prog.update(report.records, {p: (done_pp[p], ends[p] - starts[p]) for p in partitions}, force=True)
         if sink is not None:

@@ -1,2 +1,3 @@
-"""The worker runtimes: a runtime-neutral core (``core``) and two thin adapters, the
-confluent-kafka batch worker (``batch``) and the Faust app (``faust``)."""
+"""The worker runtimes: a runtime-neutral core (``core``), the one consume loop of the
+confluent-kafka consumers (``loop``), and two thin adapters, the confluent-kafka batch
+worker (``batch``) and the Faust app (``faust``)."""

@@ -53,11 +53,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from grudge_stream._cyext._ingest import group_messages
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import FAST_CONSUMER
-from grudge_stream.operators.records import group_source_records
 from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
+from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
@@ -229,37 +228,12 @@ class BatchWorker(WorkerCore):
             signal.signal(sig, on_signal)
         self.count()  # asked before any rebalance callback can need it
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
-        batch_wait = self.batch_max_wait_ms / 1000.0
-        # Forwarding operators read headers: the record path (no columns) for them only.
-        with_headers = self.topology.make_operator(0).needs_headers
-        log_end = self._log_end
+        loop = ConsumeLoop(self.consumer, self.topic, batch_size=self.batch_size,
+                           wait_s=self.batch_max_wait_ms / 1000.0, shape=RECORDS if self.needs_headers else COLUMNS,
+                           beat=self.liveness.beat)
         clean = False
         try:
-            while not self.stopping.is_set():
-                self.liveness.beat()
-                t0 = time.perf_counter()
-                msgs = self.consumer.consume(self.batch_size, timeout=batch_wait)
-                if self.reset_pending:  # a transaction aborted in this consume's rebalance callback
-                    reset = set(self.reset_held())
-                    msgs = [m for m in msgs if m.error() or m.partition() not in reset]
-                if msgs:
-                    self._process(msgs, with_headers)
-                    if len(msgs) >= self.batch_size:  # a backlog: the speed a replay reads and applies at
-                        self.rate.observe(len(msgs), time.perf_counter() - t0)
-                t1 = time.perf_counter()
-                if self.transaction is None:
-                    self._commit_if_due()
-                elif self.commits.due():
-                    self._transaction_round()
-                self.finish_writer()
-                self.snapshot_next()
-                if self.cadence.due():
-                    self.snapshot_round()
-                self.metrics.checkpoint_paused(time.perf_counter() - t1)
-                self.waiting.tick(len(self.assigned))
-                self.record_lag(log_end)
-                self.record_replay()
-                self.ticks.check(self.slots)
+            loop.run(self._step, until=self.stopping.is_set)
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 with self.shutdown_progress("final snapshots"):
@@ -288,27 +262,31 @@ class BatchWorker(WorkerCore):
         """The log end offset librdkafka learned with its fetches."""
         return self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)[1]
 
-    def _process(self, msgs: list, with_headers: bool) -> None:
-        """One consumed batch, by partition: columns, or SourceRecords with headers for
-        operators with ``needs_headers``; each partition under its slot's lock (a live query
-        never reads a batch half applied)."""
-        topic = self.topic
-        if with_headers:
-            groups, errors = group_source_records(topic, msgs)
-        else:
-            groups, errors = group_messages(msgs)
-        for m in errors:
-            if m.error().code() != KafkaError._PARTITION_EOF:
-                log.warning("consume error: %s", m.error())
-        for p, batch in groups.items():
-            slot = self.slots.get(p)
-            if slot is None:
-                continue
-            with slot.lock:
-                out = slot.process(batch) if with_headers else slot.process_columns(topic, *batch)
-            if out:
-                self.begin_outputs()
-                self.publisher.publish(out)
+    def _step(self, batch: Batch) -> None:
+        """One consumed batch: processed and published by partition, then what is due of
+        commits, transactions and snapshots, and the loop's gauges."""
+        groups = batch.groups
+        if self.reset_pending:  # a transaction aborted in this consume's rebalance callback
+            for p in self.reset_held():
+                groups.pop(p, None)
+        if groups:
+            self.process_groups(groups, self.needs_headers)
+            if batch.count >= self.batch_size:  # a backlog: the speed a replay reads and applies at
+                self.rate.observe(batch.count, time.perf_counter() - batch.started)
+        t1 = time.perf_counter()
+        if self.transaction is None:
+            self._commit_if_due()
+        elif self.commits.due():
+            self._transaction_round()
+        self.finish_writer()
+        self.snapshot_next()
+        if self.cadence.due():
+            self.snapshot_round()
+        self.metrics.checkpoint_paused(time.perf_counter() - t1)
+        self.waiting.tick(len(self.assigned))
+        self.record_lag(self._log_end)
+        self.record_replay()
+        self.ticks.check(self.slots)
 
     # -- commits and snapshots ----------------------------------------------------------------------
 

@@ -268,6 +268,8 @@ class WorkerCore:
         # Security and pass-through client properties, for every client (docs/security.md).
         self.client_config = {**client_config(settings, self.bootstrap), **(client_properties or {})}
         self.topic = topology.source_topic
+        # Forwarding operators read headers: the record path (no columns) for them only.
+        self.needs_headers = bool(topology.needs_headers)
         self.app_id = topology.app_id
         self.instance_id = setting(settings, "group_instance_id")
         self.metrics = Metrics()
@@ -324,7 +326,7 @@ class WorkerCore:
         self.partitioner_check = PartitionerCheck(settings.get("key_partitioner", "murmur2"), self.topic,
                                                   self.metrics)
         self.signing = SigningKeys.from_settings(settings)  # signed members records (grudge_stream.signing)
-        table = getattr(topology.make_operator, "_grudge_overrides", None)
+        table = topology.overrides
         if table is not None:  # the overrides follower started before the worker: count from here on
             overrides_rejected = self.metrics.entries_rejected.labels("overrides")
             overrides_rejected.inc(table.rejected)
@@ -437,12 +439,13 @@ class WorkerCore:
         """Load ``partition``'s newest usable snapshot (blocking: run it in an executor from
         asyncio code)."""
         return restore_partition(self.topology, self.store, partition, self.count(),
-                                 lambda: self._low_watermark(partition), self.metrics)
+                                 lambda: self._low_watermark(partition), self.metrics,
+                                 self.publisher.dead_letter_limit())
 
     def adopt(self, partition: int, outcome: RestoreOutcome) -> PartitionSlot:
         """A restored partition becomes a slot; processing starts at its ``next_offset``."""
         slot = self.slots[partition] = PartitionSlot(self.topology, partition, outcome, self.count(),
-                                                     self.metrics, self.publisher.dead_letter_limit())
+                                                     self.metrics)
         slot.key_check = self.partitioner_check
         if outcome.operator.next_offset is not None:
             self.commit_limits[partition] = outcome.operator.next_offset
@@ -592,6 +595,24 @@ class WorkerCore:
         """Before publishing outputs: with exactly-once they open the interval's transaction."""
         if self.transaction is not None:
             self.transaction.begin()
+
+    def process_groups(self, groups: dict[int, Any], records: bool = False) -> None:
+        """The one "process, then publish" step of every runtime: each partition's records
+        through its slot, under the slot's lock (a live query never reads a batch half
+        applied), then its outputs to the publisher. ``groups``: partition -> columns
+        (offsets, timestamps, keys, values), or lists of ``SourceRecord`` with ``records``
+        (operators that declare ``needs_headers``). A partition without a slot here (not or
+        no longer owned) is skipped: its owner processes it from its snapshot position."""
+        topic, slots = self.topic, self.slots
+        for p, chunk in groups.items():
+            slot = slots.get(p)
+            if slot is None:
+                continue
+            with slot.lock:
+                out = slot.process(chunk) if records else slot.process_columns(topic, *chunk)
+            if out:
+                self.begin_outputs()
+                self.publisher.publish(out)
 
     def round_failed(self, exc: Exception, background: bool = False) -> None:
         """A periodic round failed (a broker outage, say): logged, not fatal; the previous

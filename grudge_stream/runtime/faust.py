@@ -239,7 +239,6 @@ class FaustRuntime(WorkerCore):
         # stops without a snapshot and `grudge-stream worker` exits 2 with this one line.
         self.fatal: CheckpointError | None = None
         self.consumer: Any = None  # the Faust consumer, once it positioned partitions
-        self.needs_headers = topology.make_operator(0).needs_headers
 
     # -- core hooks -------------------------------------------------------------------------------
 
@@ -330,15 +329,7 @@ class FaustRuntime(WorkerCore):
                     _headers(m.headers)))
             t0 = time.perf_counter()
             with self._processing():
-                for p, records in by_partition.items():
-                    slot = self.slots.get(p)
-                    if slot is None:
-                        # A record of a partition we are not (or no longer) restored for: its
-                        # new owner will process it from the snapshot position.
-                        continue
-                    outputs = slot.process(records)
-                    if outputs:
-                        self.publisher.publish(outputs)
+                self.process_groups(by_partition, records=True)
             # Processing time only: a replay also fetches, at about the same cost again.
             self.rate.observe(len(events), 2 * (time.perf_counter() - t0))
             await self._checkpoint_if_due()
@@ -348,27 +339,16 @@ class FaustRuntime(WorkerCore):
         async with self.lock:
             topic = self.topic
             t0 = time.perf_counter()
+            count = sum(len(recs) for recs in batch.values())
             with self._processing():
-                if self.needs_headers:
-                    # Forwarding operators read headers: SourceRecords for them only.
-                    for p, recs in batch.items():
-                        slot = self.slots.get(p)
-                        if slot is None:
-                            continue
-                        outputs = slot.process([SourceRecord(topic, p, r.offset, r.timestamp, r.key, r.value,
-                                                             _headers(r.headers)) for r in recs])
-                        if outputs:
-                            self.publisher.publish(outputs)
-                    batch = {}
-                for p, (offs, tss, keys, vals) in group_records(batch).items():
-                    slot = self.slots.get(p)
-                    if slot is None:
-                        continue
-                    outputs = slot.process_columns(topic, offs, tss, keys, vals)
-                    if outputs:
-                        self.publisher.publish(outputs)
+                if self.needs_headers:  # forwarding operators read headers: SourceRecords for them only
+                    self.process_groups({p: [SourceRecord(topic, p, r.offset, r.timestamp, r.key, r.value,
+                                                          _headers(r.headers)) for r in recs]
+                                         for p, recs in batch.items()}, records=True)
+                else:
+                    self.process_groups(group_records(batch))
             # Processing time only: a replay also fetches, at about the same cost again.
-            self.rate.observe(sum(len(recs) for recs in batch.values()), 2 * (time.perf_counter() - t0))
+            self.rate.observe(count, 2 * (time.perf_counter() - t0))
             await self._checkpoint_if_due()
 
     @contextlib.contextmanager

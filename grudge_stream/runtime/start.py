@@ -79,7 +79,7 @@ def start_checks(topology: Topology, settings: Settings, runtime: str, *, create
     check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf, wait_s=wait_s,
                         source_topic=topology.source_topic)
     check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # one deployment's topics
-    if getattr(topology.make_operator, "_grudge_overrides", None) is None:
+    if topology.overrides is None:
         start_override_follower(topology, settings.bootstrap_servers, conf,  # before any partition is restored
                                 signing=SigningKeys.from_settings(settings))
     return conf

@@ -37,7 +37,7 @@ def test_run_batch_worker_refuses_a_taken_web_port_before_connecting() -> None:
         topology, settings = _topology(web_host="127.0.0.1", web_port=str(port))
         with pytest.raises(ConfigError, match=f"web port 127.0.0.1:{port} is not free"):
             run_batch_worker(topology, settings)
-    assert getattr(topology.make_operator, "_grudge_overrides", None) is None  # nothing started
+    assert topology.overrides is None  # nothing started
 
 
 def test_an_unknown_runtime_is_one_line() -> None:

@@ -261,8 +261,19 @@ def test_reading_a_topology_builds_no_sketch(name, monkeypatch):
     tracemalloc.start()
     try:
         (topology.operator_id, topology.source_topic, dict(topology.outputs), topology.snapshot_topic,
-         topology.app_id)
+         topology.app_id, topology.needs_headers)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert peak < 100_000
+
+
+@pytest.mark.parametrize("name,extra", [("abuse_scores", {}), ("rate_limit", {}), ("rate_limit", {"request_id_header": ""}),
+                                        ("heavy_hitters", {}), ("dedup", {}), ("known_keys", {}),
+                                        ("heavy_global", {})])
+def test_a_topology_says_whether_its_operators_read_headers(name, extra, monkeypatch):
+    """The runtimes choose columns or header-carrying records from the topology, without
+    building an operator; what it says must be what its operators do."""
+    monkeypatch.setenv("GRUDGE_SEED", "00112233445566778899aabbccddeeff")
+    topology = load_topology(name, Settings(extra))
+    assert topology.needs_headers is topology.make_operator(0).needs_headers

@@ -51,3 +51,24 @@ def test_settings_come_from_flags_then_environment_then_defaults() -> None:
 def test_unknown_topology_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="unknown topology"):
         load_topology("no_such_topology", Settings(environ={}))
+
+
+def test_operators_get_the_runtime_context_and_attached_overrides() -> None:
+    """``Topology.operator`` hands each operator its ``OperatorContext``: the partition
+    count, the dead-letter limit and the overrides table attached to the topology (an
+    attached table reaches every operator built afterwards; attaching again replaces it)."""
+    from grudge_stream.operators.base import OperatorContext
+    from grudge_stream.overrides import OverrideTable, attach_overrides
+
+    topo = load_topology("abuse_scores", Settings({"cells_per_level": "1000", "seed": secrets.token_hex(16)},
+                                                  environ={}))
+    before = topo.operator(2, 8, 5_000)
+    assert (before.partition, before.source_partition_count, before.dead_letter_limit, before.overrides) == \
+        (2, 8, 5_000, None)
+    first, second = OverrideTable(), OverrideTable()
+    attach_overrides(topo, first)
+    attach_overrides(topo, second)
+    assert topo.operator(2).overrides is second and topo.operator(2).source_partition_count is None
+    assert before.overrides is None  # built before: unchanged
+    with pytest.raises(ValueError, match="context of partition 3"):
+        topo.make_operator(2).init(OperatorContext(3))

@@ -1,0 +1,121 @@
+"""The one consume loop of grudge-stream's own Kafka consumers.
+
+The batch worker, ``grudge-stream replay`` and the repartition stage read their source
+through ``ConsumeLoop``: it consumes up to ``batch_size`` records, reports each consume
+error (the end of a partition is not one), groups the records by partition in the shape
+the reader asked for, and hands the batch to the reader's ``step``. A reader says only
+what a batch means to it: the worker processes, publishes and checkpoints; replay applies
+a range; the repartition stage re-keys and forwards.
+
+The Faust runtime reads through Faust's own fetcher (aiokafka) and hands its batches to
+the same per-partition step of the worker core (``WorkerCore.process_groups``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from confluent_kafka import KafkaError
+
+from grudge_stream._cyext._ingest import group_messages
+from grudge_stream.operators.records import group_source_records
+
+__all__ = ["Batch", "ConsumeLoop", "COLUMNS", "RECORDS", "MESSAGES"]
+
+log = logging.getLogger("grudge_stream.runtime")
+
+# The shapes a batch's partitions come in:
+COLUMNS = "columns"    # (offsets, timestamps, keys, values): what operators read fastest
+RECORDS = "records"    # [SourceRecord] with headers: operators that declare needs_headers
+MESSAGES = "messages"  # [confluent_kafka.Message]: stages that forward records as they are
+SHAPES = (COLUMNS, RECORDS, MESSAGES)
+
+
+class Batch:
+    """One consume call's records, by partition (in offset order within each)."""
+
+    __slots__ = ("groups", "count", "started")
+
+    def __init__(self, groups: dict[int, Any], count: int, started: float) -> None:
+        self.groups = groups    # partition -> its records, in the loop's shape
+        self.count = count      # records in ``groups``
+        self.started = started  # time.perf_counter() before the consume call
+
+    def offsets(self, partition: int, shape: str) -> list[int]:
+        """The offsets of one partition's records."""
+        chunk = self.groups[partition]
+        if shape == COLUMNS:
+            return chunk[0]
+        if shape == RECORDS:
+            return [r.offset for r in chunk]
+        return [m.offset() for m in chunk]
+
+
+def _group_raw(msgs: list) -> tuple[dict[int, list], list]:
+    groups: dict[int, list] = {}
+    errors = []
+    for m in msgs:
+        if m.error() is not None:
+            errors.append(m)
+            continue
+        p = m.partition()
+        chunk = groups.get(p)
+        if chunk is None:
+            chunk = groups[p] = []
+        chunk.append(m)
+    return groups, errors
+
+
+def _log_error(err: KafkaError) -> None:
+    log.warning("consume error: %s", err)
+
+
+class ConsumeLoop:
+    """Read ``consumer`` (subscribed or assigned by its owner) batch by batch.
+
+    ``on_error`` gets every consume error but a partition's end (default: a warning; a
+    reader for which an error is final raises from it). ``beat`` runs before each consume
+    (a liveness beat)."""
+
+    def __init__(self, consumer: Any, topic: str, *, batch_size: int, wait_s: float, shape: str = COLUMNS,
+                 on_error: Callable[[KafkaError], None] = _log_error,
+                 beat: Callable[[], None] | None = None) -> None:
+        if shape not in SHAPES:
+            raise ValueError(f"shape must be one of {SHAPES}, not {shape!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        self.consumer = consumer
+        self.topic = topic
+        self.batch_size = batch_size
+        self.wait_s = wait_s
+        self.shape = shape
+        self.on_error = on_error
+        self.beat = beat
+
+    def read(self) -> Batch:
+        """One consume call: the records it brought, by partition (maybe none)."""
+        started = time.perf_counter()
+        msgs = self.consumer.consume(self.batch_size, timeout=self.wait_s)
+        if not msgs:
+            return Batch({}, 0, started)
+        if self.shape == COLUMNS:
+            groups, errors = group_messages(msgs)
+        elif self.shape == RECORDS:
+            groups, errors = group_source_records(self.topic, msgs)
+        else:
+            groups, errors = _group_raw(msgs)
+        for m in errors:
+            err = m.error()
+            if err.code() != KafkaError._PARTITION_EOF:
+                self.on_error(err)
+        return Batch(groups, len(msgs) - len(errors), started)
+
+    def run(self, step: Callable[[Batch], None], until: Callable[[], bool]) -> None:
+        """``step`` each batch, empty ones included (a reader's housekeeping runs between
+        batches whether or not records came), until ``until()`` is true."""
+        beat, read = self.beat, self.read
+        while not until():
+            if beat is not None:
+                beat()
+            step(read())
