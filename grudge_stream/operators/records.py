@@ -402,20 +402,26 @@ class DeadLetter(NamedTuple):
         return body
 
 
-def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
-    """Consumed confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the
-    record path of operators that declare ``needs_headers`` (``group_messages`` gives the
-    header-free columns every other operator reads)."""
-    out: dict[int, list[SourceRecord]] = {}
+def group_by_partition(msgs: list) -> tuple[dict[int, list], list]:
+    """Consumed confluent-kafka messages -> ({partition: [message]}, errors), in consume order."""
+    out: dict[int, list] = {}
     errors = []
     for m in msgs:
         if m.error() is not None:
             errors.append(m)
             continue
         p = m.partition()
-        recs = out.get(p)
-        if recs is None:
-            recs = out[p] = []
-        recs.append(SourceRecord(topic, p, m.offset(), m.timestamp()[1], m.key(), m.value(),
-                                 m.headers() or None))
+        chunk = out.get(p)
+        if chunk is None:
+            chunk = out[p] = []
+        chunk.append(m)
     return out, errors
+
+
+def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
+    """Consumed confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the
+    record path of operators that declare ``needs_headers`` (``group_messages`` gives the
+    header-free columns every other operator reads)."""
+    groups, errors = group_by_partition(msgs)
+    return {p: [SourceRecord(topic, p, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers() or None)
+                for m in chunk] for p, chunk in groups.items()}, errors

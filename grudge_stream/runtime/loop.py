@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from confluent_kafka import KafkaError
 
 from grudge_stream._cyext._ingest import group_messages
-from grudge_stream.operators.records import group_source_records
+from grudge_stream.operators.records import group_by_partition, group_source_records
 
 __all__ = ["Batch", "ConsumeLoop", "COLUMNS", "RECORDS", "MESSAGES"]
 
@@ -52,46 +53,31 @@ class Batch:
         return [m.offset() for m in chunk]
 
 
-def _group_raw(msgs: list) -> tuple[dict[int, list], list]:
-    groups: dict[int, list] = {}
-    errors = []
-    for m in msgs:
-        if m.error() is not None:
-            errors.append(m)
-            continue
-        p = m.partition()
-        chunk = groups.get(p)
-        if chunk is None:
-            chunk = groups[p] = []
-        chunk.append(m)
-    return groups, errors
-
-
 def _log_error(err: KafkaError) -> None:
     log.warning("consume error: %s", err)
 
 
+@dataclass
 class ConsumeLoop:
-    """Read ``consumer`` (subscribed or assigned by its owner) batch by batch.
+    """Read ``consumer`` (subscribed or assigned by its owner) batch by batch: up to
+    ``batch_size`` records per consume call, waiting at most ``wait_s`` for them, grouped in
+    ``shape``. ``on_error`` gets every consume error but a partition's end (default: a
+    warning; a reader for which an error is final raises from it). ``beat`` runs before
+    each consume (a liveness beat)."""
 
-    ``on_error`` gets every consume error but a partition's end (default: a warning; a
-    reader for which an error is final raises from it). ``beat`` runs before each consume
-    (a liveness beat)."""
+    consumer: Any
+    topic: str
+    batch_size: int
+    wait_s: float
+    shape: str = COLUMNS
+    on_error: Callable[[KafkaError], None] = _log_error
+    beat: Callable[[], None] | None = None
 
-    def __init__(self, consumer: Any, topic: str, *, batch_size: int, wait_s: float, shape: str = COLUMNS,
-                 on_error: Callable[[KafkaError], None] = _log_error,
-                 beat: Callable[[], None] | None = None) -> None:
-        if shape not in SHAPES:
-            raise ValueError(f"shape must be one of {SHAPES}, not {shape!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-        self.consumer = consumer
-        self.topic = topic
-        self.batch_size = batch_size
-        self.wait_s = wait_s
-        self.shape = shape
-        self.on_error = on_error
-        self.beat = beat
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape must be one of {SHAPES}, not {self.shape!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
 
     def read(self) -> Batch:
         """One consume call: the records it brought, by partition (maybe none)."""
@@ -104,7 +90,7 @@ class ConsumeLoop:
         elif self.shape == RECORDS:
             groups, errors = group_source_records(self.topic, msgs)
         else:
-            groups, errors = _group_raw(msgs)
+            groups, errors = group_by_partition(msgs)
         for m in errors:
             err = m.error()
             if err.code() != KafkaError._PARTITION_EOF:
