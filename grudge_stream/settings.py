@@ -20,6 +20,7 @@ import difflib
 import math
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
 
 from grudge_stream.exceptions import ConfigError
@@ -132,7 +133,7 @@ class Settings:
         self.environ = os.environ if environ is None else environ
         self.topology: str | None = None
         self.declared: dict[str, Setting] = {}
-        self.values: dict[str, Any] = {}
+        self.values: Mapping[str, Any] = {}
         self.sources: dict[str, str] = {}
         self.prefixes: tuple[str, ...] = ()
 
@@ -145,7 +146,7 @@ class Settings:
     # -- declared ---------------------------------------------------------------------------------
 
     def bind(self, topology: str, declared: Iterable[Setting], prefixes: Iterable[str] = (),
-             validate: Callable[[dict[str, Any]], None] | None = None) -> "Settings":
+             validate: Callable[[Mapping[str, Any]], None] | None = None) -> "Settings":
         """Check and parse every setting of ``topology``; raise ConfigError on the first
         unknown name or bad value. ``prefixes``: names starting with them pass through
         (client properties such as ``kafka.socket.keepalive.enable``)."""
@@ -174,13 +175,16 @@ class Settings:
                     f"environment variable {var} is not a setting of {topology}{_closest(var, env_names)}; "
                     f"scope another topology's settings as GRUDGE_<TOPOLOGY>__<NAME> "
                     f"(grudge-stream describe {topology} lists them)")
+        values: dict[str, Any] = {}
         for name, spec in self.declared.items():
             raw, source = self._raw(name)
             if raw is _MISSING:
                 value = spec.default() if callable(spec.default) else spec.default
-                self.values[name], self.sources[name] = value, "default"
+                values[name], self.sources[name] = value, "default"
             else:
-                self.values[name], self.sources[name] = spec.parse(raw, source), source
+                values[name], self.sources[name] = spec.parse(raw, source), source
+        # Parsed and checked once; read-only from here on (a TypeError for any writer).
+        self.values = MappingProxyType(values)
         if validate is not None:
             validate(self.values)
         return self
@@ -234,7 +238,7 @@ class Settings:
         return rows
 
 
-def require_order(values: dict[str, Any], low: str, high: str, lo_bound: float | None = None,
+def require_order(values: Mapping[str, Any], low: str, high: str, lo_bound: float | None = None,
                   hi_bound: float | None = None) -> None:
     """``lo_bound <= values[low] < values[high] <= hi_bound``, as one clear error."""
     lo, hi = values[low], values[high]

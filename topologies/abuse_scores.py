@@ -24,6 +24,8 @@ below, plus the settings every topology takes, docs/runtime.md).
 """
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.scores import EMIT_MODES, SCORE_MODES, FeedbackScoreOperator
 from grudge_stream.settings import Setting, identity, require_order
@@ -55,7 +57,7 @@ SETTINGS = [
 ]
 
 
-def validate(v: dict) -> None:
+def validate(v: Mapping[str, Any]) -> None:
     require_order(v, "clear_at", "raise_at", 0.0, 1.0)
 
 

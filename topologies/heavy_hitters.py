@@ -16,6 +16,8 @@ every topology takes, docs/runtime.md).
 """
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.heavy import HeavyHitterOperator
 from grudge_stream.sketches.countmin_config import CountMinConfig
@@ -46,7 +48,7 @@ SETTINGS = [
 ]
 
 
-def validate(v: dict) -> None:
+def validate(v: Mapping[str, Any]) -> None:
     require_order(v, "clear_at", "raise_at", 0.0)
     if v.get("key_field") is not None and v.get("encoding", "raw") != "json":
         raise ConfigError("setting 'key_field' needs encoding=json (a raw record is its key)")

@@ -350,6 +350,8 @@ class Operator(abc.ABC):
     # True when ``validate_event`` reads state that applying the batch's earlier events changes:
     # such an operator's events are checked and applied one record at a time.
     validates_against_state: ClassVar[bool] = False
+    # (``_columns_pay()``, ``validate_event`` overridden): set by the first batch.
+    _traits: tuple[bool, bool] | None = None
 
     def process(self, records: Sequence[SourceRecord], processing_ms: int | None = None) -> list[OutputRecord]:
         """Process records of this partition in offset order; ``processing_ms`` is the
@@ -362,6 +364,8 @@ class Operator(abc.ABC):
                 raise ValueError(
                     f"operator for {topic}[{partition}] got a record of {rec.topic}[{rec.partition}]"
                 )
+        if not records:
+            return []
         return self._pipeline(Columns.of_records(topic, partition, records), processing_ms)
 
     def process_columns(self, topic: str, partition: int, offsets: list, timestamps: list,
@@ -370,10 +374,12 @@ class Operator(abc.ABC):
         read, without headers)."""
         if partition != self.partition or topic != self.source_topic:
             raise ValueError(f"operator for {self.source_topic}[{self.partition}] got {topic}[{partition}]")
+        if not offsets:
+            return []
         return self._pipeline(Columns(topic, partition, (offsets, timestamps, keys, values)), processing_ms)
 
     def _pipeline(self, batch: Columns, processing_ms: int | None) -> list[OutputRecord]:
-        """The operator pipeline, per batch: records below ``next_offset`` skipped; the rest
+        """The operator pipeline, per (non-empty) batch: records below ``next_offset`` skipped; the rest
         decoded as a column (numeric payload codecs: one Cython pass over cached payloads)
         and checked, bad ones dead-lettered; event times bounded and the watermark run in
         one Cython loop; timers fired at the events that make them due; the events between
@@ -382,10 +388,11 @@ class Operator(abc.ABC):
         operator whose checks read state its own events change (``validates_against_state``),
         takes the same steps one record at a time (``_per_record``): the results are
         identical either way."""
-        if not len(batch):
-            return []
         limits = self._limits(processing_ms)
-        if self._columns_pay():
+        traits = self._traits
+        if traits is None:  # what each batch asks, worked out once
+            traits = self._traits = (self._columns_pay(), type(self).validate_event is not Operator.validate_event)
+        if traits[0]:
             out = self._columnar(batch, limits)
             if out is not None:
                 return out
@@ -446,7 +453,7 @@ class Operator(abc.ABC):
         tagged: list[tuple[int, int, OutputRecord]] = [
             (offsets[i], 0, self.dead_letter(batch.record(i), reason)) for i, reason in bad]
         keep: np.ndarray | None = None
-        if type(self).validate_event is not Operator.validate_event and len(idx):
+        if self._traits[1] and len(idx):  # type: ignore[index]
             keep = np.ones(len(idx), dtype=bool)
             validate = self.validate_event
             py_vals = vals.tolist() if numeric else vals
@@ -818,3 +825,4 @@ def _kept(keep: np.ndarray, idx: np.ndarray, ts: np.ndarray, vals: Any,
     if ev_keys is not None:
         ev_keys = [key for key, k in zip(ev_keys, keep.tolist()) if k]
     return idx[keep], ts[keep], vals, ev_keys
+

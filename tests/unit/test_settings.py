@@ -126,3 +126,12 @@ def test_a_score_line_shows_how_old_the_partitions_watermark_is() -> None:
                             "watermark_ms": int(time.time() * 1000) - 7_200_000, "served_by": "w0"})
     age = int(line.split("watermark_age=")[1].split("s")[0])
     assert 7190 <= age <= 7210 and "raised=True" in line
+
+
+def test_bound_settings_are_parsed_once_and_read_only() -> None:
+    settings = Settings({"seed": secrets.token_hex(16), "max_future_ms": "1500", "raise_at": "0.7"}, environ={})
+    load_topology("abuse_scores", settings)
+    assert settings["max_future_ms"] == 1500 and settings["raise_at"] == 0.7  # typed
+    with pytest.raises(TypeError):
+        settings.values["raise_at"] = 0.1  # type: ignore[index]
+    assert settings["raise_at"] == 0.7
