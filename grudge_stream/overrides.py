@@ -250,4 +250,4 @@ def start_override_follower(topology: Topology, bootstrap_servers: str,
 def attach_overrides(topology: Topology, table: OverrideTable) -> None:
     """Every operator ``topology.operator`` builds from now on judges with ``table`` (its
     ``OperatorContext``); attaching again replaces the table."""
-    topology.overrides = table
+    topology.attached["overrides"] = table

@@ -6,6 +6,7 @@ the runtimes (Faust worker, batch runner, replay) take it from there.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -47,9 +48,14 @@ def codec_settings(settings: Settings) -> dict[str, Any]:
             "allow_empty_keys": setting(settings, "allow_empty_keys")}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Topology:
-    """Topics in, one operator per source partition, topics out."""
+    """Topics in, one operator per source partition, topics out.
+
+    Plain frozen data, built once from the settings by a topology module's ``build``:
+    reading any field (an id, a topic name) builds no operator. A changed copy is
+    ``dataclasses.replace(topology, name=...)``. What a runtime attaches to a running
+    deployment (the overrides table) lives in ``attached``, not in the spec."""
 
     name: str
     source_topic: str
@@ -70,9 +76,9 @@ class Topology:
     # Whether the operators read record headers (``Operator.needs_headers``: the runtimes
     # then hand them SourceRecords, not columns); None = asked of an operator, once.
     needs_headers: bool | None = None
-    # The deployment's allow / deny table once a runtime attached it (``grudge_stream.overrides``);
-    # every operator built by ``operator`` from then on gets it in its context.
-    overrides: Any = field(default=None, repr=False)
+    # What runtimes attached to the running deployment: ``"overrides"``, the allow / deny
+    # table (``grudge_stream.overrides.attach_overrides``); not part of the spec.
+    attached: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.restore_fallback not in RESTORE_FALLBACKS:
@@ -81,22 +87,29 @@ class Topology:
             raise ConfigError("checkpoint_interval_s must be > 0")
         if "dead_letters" not in self.outputs:
             raise ConfigError("a topology needs a dead_letters output topic")
+        derive = object.__setattr__  # the fields a topology left to be derived, once, here
         if not self.operator_id or self.needs_headers is None:
             op = self.make_operator(0)  # a topology that did not say: built once, here
-            self.operator_id = self.operator_id or op.operator_id
+            derive(self, "operator_id", self.operator_id or op.operator_id)
             if self.needs_headers is None:
-                self.needs_headers = bool(op.needs_headers)
+                derive(self, "needs_headers", bool(op.needs_headers))
         if not self.app_id:
-            self.app_id = f"grudge-{self.operator_id}-{self.source_topic}"
+            derive(self, "app_id", f"grudge-{self.operator_id}-{self.source_topic}")
         judged = self.outputs.get("alerts") or self.outputs.get("decisions")
         if "alerts" in self.outputs and "alert_state" not in self.outputs:
             # The current raised set, compacted and keyed by the key (docs/serving.md).
             self.outputs["alert_state"] = self.outputs["alerts"] + "-state"
         if self.overrides_topic == "":
-            self.overrides_topic = f"{judged}-overrides" if judged else None
+            derive(self, "overrides_topic", f"{judged}-overrides" if judged else None)
 
     def output_topic(self, role: str) -> str | None:
         return self.outputs.get(role)
+
+    @property
+    def overrides(self) -> Any:
+        """The deployment's allow / deny table once a runtime attached it, else None; every
+        operator built by ``operator`` from then on gets it in its context."""
+        return self.attached.get("overrides")
 
     def operator(self, partition: int, partition_count: int | None = None,
                  dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT) -> Operator:
@@ -192,8 +205,5 @@ def load_topology(name: str, settings: Settings | None = None) -> Topology:
     if not isinstance(topology, Topology):
         raise ConfigError(f"topology module {module.__name__!r}: build(settings) returned "
                           f"{type(topology).__name__}, not a Topology")
-    app_id = settings.get("app_id", None)
-    if app_id:
-        topology.app_id = app_id
-    topology.reset_state = bool(settings.get("reset_state", False))
-    return topology
+    return dataclasses.replace(topology, app_id=settings.get("app_id", None) or topology.app_id,
+                               reset_state=bool(settings.get("reset_state", False)))

@@ -3,6 +3,7 @@
 chunks live in memory."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -104,9 +105,7 @@ def test_foreign_settings_stop_the_worker_unless_reset_state() -> None:
     store = MemoryStore(blob_at(5, cells=2000), blob_at(3, cells=2000))
     with pytest.raises(CheckpointError, match="cells_per_level|settings that shape the state"):
         restore(store)
-    t = topology()
-    t.reset_state = True
-    out = restore(store, t)
+    out = restore(store, dataclasses.replace(topology(), reset_state=True))
     assert out.mode == "replay" and out.start_offset == 17
 
 

@@ -20,15 +20,15 @@ KEY = secrets.token_hex(16)
 
 CUSTOM = textwrap.dedent('''
     """Fraud scores for payments."""
+    import dataclasses
+
     from grudge_stream.settings import Setting
     from grudge_stream.topologies import abuse_scores
 
     SETTINGS = [*abuse_scores.SETTINGS, Setting("merchant_weight", "float", 2.0, "weight of a merchant's events")]
 
     def build(settings):
-        topology = abuse_scores.build(settings)
-        topology.name = "fraud"
-        return topology
+        return dataclasses.replace(abuse_scores.build(settings), name="fraud")
 ''')
 
 
