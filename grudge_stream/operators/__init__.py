@@ -3,8 +3,10 @@
 Nothing here imports Faust or Kafka; the same operators run under the Faust
 runtime, the replay runner and unit tests.
 """
-from grudge_stream.operators.base import Operator, read_snapshot
+from grudge_stream.operators.base import Operator, OperatorContext, read_snapshot
 from grudge_stream.operators.codec import BadRecord, Event, EventCodec
+from grudge_stream.operators.columns import Columns, Run
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 
-__all__ = ["BadRecord", "Event", "EventCodec", "Operator", "OutputRecord", "SourceRecord", "read_snapshot"]
+__all__ = ["BadRecord", "Columns", "Event", "EventCodec", "Operator", "OperatorContext", "OutputRecord", "Run",
+           "SourceRecord", "read_snapshot"]
