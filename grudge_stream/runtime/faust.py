@@ -504,6 +504,10 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
 
     if runtime.drain == "agent":
         app.agent(source, name=f"{topology.name}-operator")(process)
+        # The agent's queue holds records fetched after the runtime positioned the
+        # partitions: a resume of the running flow must not drop them (the operator would
+        # go on past them and skip them when they come back).
+        _keep_queued_events_on_resume(app.flow_control)
     else:
         # No agent: the consumer hands fetched batches to the runtime directly; the topic
         # only needs to be part of the subscription.
@@ -716,6 +720,7 @@ class FaustStates:
         self.consumer: Any = None
         self.revoked_acks: dict[TP, list[int]] = {}
         _install_consumer(app)
+        _keep_queued_events_on_resume(app.flow_control)
         app.on_partitions_revoked.connect(self.on_revoked)
         app.on_before_shutdown.connect(self.on_shutdown)
         app.timer(self.TICK_S, name="grudge-states-checkpoint")(self.tick)
@@ -900,6 +905,33 @@ def _current_position(state) -> tuple[int, int, int]:
         raise ValueError(f"state {state.name!r} is bound to topic {state.source_topic!r}, but the event "
                          f"being processed is of {m.topic!r}")
     return m.partition, m.offset, int(round(m.timestamp * 1000))
+
+
+def _keep_queued_events_on_resume(flow_control: Any) -> None:
+    """Make ``flow_control.resume()`` of a flow that is not suspended drop nothing.
+
+    Faust's resume clears every agent's queue, whatever the flow's state. Table recovery
+    resumes an already running flow after it seeks the source partitions, so events
+    fetched after that seek and still queued are dropped unacked. Faust fetches them
+    again only at the next rebalance (its commits stop before the first of them), but an
+    agent has meanwhile gone on with the records after them: a state updated by that
+    agent would skip the dropped records for good (below its offset when they come
+    back). Kept, they reach the agents in offset order, some of them twice (the seek
+    fetches them again), which a state skips and which is Faust's at-least-once for
+    everything else. A real suspension (a rebalance, a stop) still clears the queues
+    when it resumes."""
+    if getattr(flow_control, "grudge_keeps_queues", False):
+        return
+    clearing_resume = flow_control.resume
+
+    def resume() -> None:
+        if flow_control.is_active():
+            flow_control._resume.set()
+            return
+        clearing_resume()
+
+    flow_control.resume = resume
+    flow_control.grudge_keeps_queues = True
 
 
 def _install_consumer(app: faust.App) -> None:

@@ -515,7 +515,8 @@ class EmbeddedScenario:
         truth = Counter()
         ref_alerts: dict[str, bytes] = {}
         store = CheckpointStore(self.bootstrap, self.state.snapshot_topic)
-        divergent_state = []
+        divergent_state: list[int] = []
+        history: dict[int, list[str]] = {}
         for p in range(self.PARTITIONS):
             op = self.state.topology.make_operator(p)
             for m in sorted(records[p], key=lambda m: m.offset()):
@@ -535,6 +536,7 @@ class EmbeddedScenario:
             got.restore(res.blob)
             if got.snapshot() != op.snapshot():
                 divergent_state.append(p)
+                history[p] = self.snapshot_history(p, sorted(records[p], key=lambda m: m.offset()))
         seen: dict[str, set] = defaultdict(set)
         for m in self.read_all(self.state.outputs["alerts"]):
             seen[json.loads(m.value())["alert_id"]].add(m.value())
@@ -551,9 +553,59 @@ class EmbeddedScenario:
             dropped = {k: (table.get(k, 0), n) for k, n in truth.items() if table.get(k, 0) < n}
             excess = sum(max(0, table.get(k, 0) - n) for k, n in truth.items())
         return {"alerts": len(ref_alerts), "lost": lost, "extra": extra, "differing": differing,
-                "divergent_state": divergent_state, "dropped": dropped, "table_excess": excess,
+                "divergent_state": divergent_state, "history": history, "dropped": dropped,
+                "table_excess": excess,
                 "committed": self.committed(), "ends": self.end_offsets(self.source),
                 "raised": sum(1 for v in ref_alerts.values() if b'"raised"' in v)}
+
+    def snapshot_history(self, p: int, records: list) -> list[str]:
+        """Every snapshot of partition ``p`` still in the snapshot topic, oldest first, each
+        against a replay of the records below its offset: where a divergence began, and
+        which instance's snapshot carried it (a failing test's diagnosis)."""
+        from grudge_stream.checkpoint.format import Manifest, manifest_key
+
+        store = CheckpointStore(self.bootstrap, self.state.snapshot_topic)
+        sp = store.snapshot_partition(p)
+        key = manifest_key(self.state.operator_id, p)
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"hist-{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False, "isolation.level": "read_committed"})
+        try:
+            low, high = c.get_watermark_offsets(TopicPartition(self.state.snapshot_topic, sp), timeout=10)
+            c.assign([TopicPartition(self.state.snapshot_topic, sp, low)])
+            manifests, deadline = [], time.monotonic() + 60
+            while time.monotonic() < deadline:
+                msgs = c.consume(500, timeout=0.5)
+                manifests += [Manifest.decode(m.value(), m.offset()) for m in msgs
+                              if not m.error() and m.key() == key]
+                (pos,) = c.position([TopicPartition(self.state.snapshot_topic, sp)])
+                if pos.offset >= high or (not msgs and pos.offset > 0):
+                    break
+        finally:
+            c.close()
+        lines = []
+        for man in manifests:
+            ref = man.current
+            try:
+                blob = store.load_ref(self.state.operator_id, p, ref)
+            except Exception as exc:  # noqa: BLE001 - a diagnosis: say so and go on
+                lines.append(f"@{man.offset} gen {ref.generation} next {ref.next_offset}: unreadable ({exc})")
+                continue
+            want = self.state.topology.make_operator(p)
+            for m in records:
+                if ref.next_offset is not None and m.offset() >= ref.next_offset:
+                    break
+                outcome = self.example.outcome_of(m.value())
+                if outcome is not None and m.key():
+                    want.apply_event(m.key(), self.example.DELTAS[outcome], offset=m.offset(),
+                                     timestamp_ms=m.timestamp()[1])
+            want.next_offset = ref.next_offset
+            got = self.state.topology.make_operator(p)
+            got.restore(blob)
+            same = got.snapshot() == want.snapshot()
+            lines.append(f"@{man.offset} gen {ref.generation} next {ref.next_offset} written {ref.written_ms}: "
+                         f"{'same' if same else 'DIFFERS'}")
+        store.close()
+        return lines
 
     def close(self) -> None:
         for a in self.apps:

@@ -26,7 +26,8 @@ def assert_exact(res: dict) -> None:
     assert not res["lost"], f"alerts lost: {sorted(res['lost'])[:5]}"
     assert not res["extra"], f"alerts no replay emits: {sorted(res['extra'])[:5]}"
     assert not res["differing"], res["differing"][:5]
-    assert not res["divergent_state"], f"snapshots differ from the replay on partitions {res['divergent_state']}"
+    assert not res["divergent_state"], (f"snapshots differ from the replay on partitions {res['divergent_state']}; "
+                                        f"their snapshots in order: {res['history']}")
     assert res["committed"] == res["ends"], res
 
 

@@ -231,6 +231,27 @@ def test_messages_faust_skips_unprocessed_do_not_move_the_acked_position():
     assert consumer.grudge_acked_position(tp) == 12
 
 
+def test_resuming_a_running_flow_drops_no_queued_event():
+    """Faust's Table recovery resumes a running flow after it seeks the source partitions;
+    Faust's resume clears every agent's queue, dropping events fetched after the seek, and
+    an agent that goes on with the next ones would leave a hole in a state it updates. With
+    a state attached, a resume that follows no suspension keeps the queues; one that ends a
+    suspension (a rebalance, a stop) still clears them."""
+    plain = faust.App("embedding-unit-flow-plain", broker="kafka://127.0.0.1:1")
+    app = faust.App("embedding-unit-flow", broker="kafka://127.0.0.1:1")
+    grudge.scores(app, "abuse", source="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
+    for a, kept in ((plain, 0), (app, 2)):
+        queue = a.FlowControlQueue(maxsize=10, clear_on_resume=True)
+        a.flow_control.resume()
+        queue.put_nowait("event 11")
+        queue.put_nowait("event 12")
+        a.flow_control.resume()  # the flow was running: Faust drops both, a state's app keeps them
+        assert queue.qsize() == kept, a.conf.id
+        a.flow_control.suspend()
+        a.flow_control.resume()  # after a suspension both clear
+        assert queue.qsize() == 0 and a.flow_control.is_active()
+
+
 def test_the_committable_offset_never_passes_an_offset_not_acked_yet():
     """Faust's own rule lets the first offset after the committed one be missing (11 and 12
     acked, 10 not: it would commit 13). On a state's topic the position stays until 10 is."""
