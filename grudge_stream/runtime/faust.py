@@ -651,7 +651,11 @@ class EmbeddedStateConsumer:
     async def perform_seek(self) -> None:
         await super().perform_seek()  # type: ignore[misc]
         states = self._grudge_states()
-        if states is not None:
+        # A seek while Table recovery reads the changelogs (Faust's fetch loop seeks back
+        # when a fetch comes in with the flow stopped) is not the assignment's last: the
+        # seek that ends the recovery follows, and restores. Restoring here would hold the
+        # fetch loop, which feeds the changelogs to the recovery, for the restores' time.
+        if states is not None and not getattr(self.app, "in_recovery", False):  # type: ignore[attr-defined]
             await states.on_positioned(self)
 
     def _new_offset(self, tp):

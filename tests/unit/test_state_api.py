@@ -252,6 +252,30 @@ def test_resuming_a_running_flow_drops_no_queued_event():
         assert queue.qsize() == 0 and a.flow_control.is_active()
 
 
+def test_a_seek_while_tables_recover_restores_nothing(monkeypatch):
+    """Faust's fetch loop seeks back when a fetch comes in with the flow stopped, also while
+    Table recovery reads the changelogs; the seek that ends the recovery follows. Only a
+    seek outside recovery restores the states' partitions."""
+    import asyncio
+
+    from faust.transport.consumer import Consumer
+
+    app = faust.App("embedding-unit-recovery-seek", broker="kafka://127.0.0.1:1")
+    grudge.scores(app, "abuse", source="logins", sketch=SKETCH, raise_at=0.5, clear_at=0.25, hash_key=KEY)
+    consumer = app.consumer
+    positioned = []
+
+    async def on_positioned(c):
+        positioned.append(app.in_recovery)
+
+    monkeypatch.setattr(Consumer, "perform_seek", lambda self: asyncio.sleep(0))
+    monkeypatch.setattr(app.grudge_states, "on_positioned", on_positioned)
+    for in_recovery in (True, False):
+        app.in_recovery = in_recovery
+        asyncio.run(consumer.perform_seek())
+    assert positioned == [False]
+
+
 def test_the_committable_offset_never_passes_an_offset_not_acked_yet():
     """Faust's own rule lets the first offset after the committed one be missing (11 and 12
     acked, 10 not: it would commit 13). On a state's topic the position stays until 10 is."""
