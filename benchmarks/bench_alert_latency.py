@@ -34,10 +34,9 @@ Modes (``--modes``, comma separated; each may carry ``@<checkpoint seconds>``):
   batch-nosnap  ``batch`` with a snapshot budget out of reach (no snapshot while the
                 traffic runs): beside ``batch``, what checkpointing adds to the latency
 
-    .venv/bin/python benchmarks/bench_alert_latency.py --modes batch,batch-nosnap --rate 200000 --seconds 20
-
     .venv/bin/python benchmarks/bench_alert_latency.py                       # 3 x 40 s per mode
     .venv/bin/python benchmarks/bench_alert_latency.py --modes batch,batch-eos,batch-eos@1
+    .venv/bin/python benchmarks/bench_alert_latency.py --modes batch,batch-nosnap --rate 200000 --seconds 20
     .venv/bin/python benchmarks/bench_alert_latency.py --rate 5000 --seconds 120 --modes faust-lean
 """
 from __future__ import annotations

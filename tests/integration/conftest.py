@@ -480,7 +480,11 @@ class EmbeddedScenario:
                 if m is not None and m.current.next_offset:
                     return
             time.sleep(0.3)
-        raise AssertionError("no snapshot appeared; logs: " + "\n".join(f"== {a.name}\n" + a.log_text() for a in self.apps))
+        raise AssertionError("no snapshot appeared; logs:\n" + self.logs())
+
+    def logs(self) -> str:
+        """Every app's log tail, for a failing assertion."""
+        return "\n".join(f"== {a.name}\n" + a.log_text() for a in self.apps)
 
     def wait_done(self, timeout: float = 150) -> None:
         """Until the group's offsets and every partition's snapshot reach the topic's end."""
@@ -497,7 +501,7 @@ class EmbeddedScenario:
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"not caught up: committed {committed}, snapshots {snaps}, ends {ends}\n"
-                                     + "\n".join(f"== {a.name}\n" + a.log_text() for a in self.apps))
+                                     + self.logs())
             time.sleep(0.5)
 
     def read_all(self, topic: str) -> list:
