@@ -17,7 +17,8 @@ asks worker A, one request at a time:
   forwarded  the same for a key of a partition B holds (A forwards once to B)
   1000 keys  POST /v1/scores with 1000 keys, half of them forwarded
 
-and prints p50 / p99 / max latency per phase and kind (plus a JSON line).
+and prints p50 / p99 / max latency per phase and kind (plus a JSON line), and the share of the
+load phase the two consume loops waited for queries in flight (``query_priority_share``).
 
 With ``--baseline-python`` (a previous release's interpreter, e.g. a venv with it installed),
 two workers of that release then answer the same queries on the same backlog (in a group of
@@ -25,7 +26,7 @@ their own, with only the settings it knows: no tokens before 0.2), and both are 
 one table.
 
 Run: .venv/bin/python benchmarks/bench_query.py [--events 1000000] [--keys 100000] [--queries 200]
-     [--baseline-python <previous venv>/bin/python]
+     [--baseline-python <previous venv>/bin/python] [--set query_priority_share=0 ...]
      .venv/bin/python benchmarks/bench_query.py --in-process-only
 Needs KAFKA_BOOTSTRAP_SERVERS (e.g. from `python -m grudge_devkafka start`) unless --in-process-only.
 """
@@ -131,12 +132,20 @@ def get_json(url: str, timeout: float = 5.0, body: bytes | None = None) -> tuple
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def events_total(port: int) -> float:
+def metric_total(port: int, name: str) -> float:
+    """The sum of a worker's ``name`` series (0 when it has none: a release without it)."""
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
     except OSError:
         return 0.0
-    return sum(float(x) for x in re.findall(r'^grudge_events_total\{[^}]*\} ([0-9.e+]+)$', body, re.M))
+    return sum(float(x) for x in re.findall(rf'^{name}(?:\{{[^}}]*\}})? ([0-9.e+]+)$', body, re.M))
+
+
+def events_total(port: int) -> float:
+    return metric_total(port, "grudge_events_total")
+
+
+PAUSED = "grudge_query_priority_paused_seconds_total"
 
 
 def known_settings(python: str) -> set[str]:
@@ -148,7 +157,7 @@ def known_settings(python: str) -> set[str]:
 
 
 def start_worker(bs: str, topic: str, run: str, workdir: str, i: int,
-                 python: str = sys.executable) -> tuple[subprocess.Popen, int]:
+                 python: str = sys.executable, extra: dict | None = None) -> tuple[subprocess.Popen, int]:
     port = free_port()
     tokens = os.path.join(workdir, "tokens")
     with open(tokens, "w") as f:
@@ -156,7 +165,7 @@ def start_worker(bs: str, topic: str, run: str, workdir: str, i: int,
     sets = {"source_topic": topic, "app_name": f"bq-{run}", "operator_id": f"bq-{run}",
             "alerts_topic": f"bq-{run}-alerts", "scores_topic": f"bq-{run}-scores",
             "dead_letter_topic": f"bq-{run}-dlq", "snapshot_topic": f"bq-{run}-snap", "seed": BENCH_KEY,
-            "checkpoint_interval_s": "5", "query_token_file": tokens, "query_rate_per_s": "0"}
+            "checkpoint_interval_s": "5", "query_token_file": tokens, "query_rate_per_s": "0", **(extra or {})}
     if python != sys.executable:  # a previous release: only the settings it knows (no tokens before 0.2)
         known = known_settings(python)
         sets = {k: v for k, v in sets.items() if k in known or k in ("seed", "app_name")}
@@ -207,11 +216,12 @@ def measure(port: int, local: list[bytes], forwarded: list[bytes], n: int,
 
 
 def http_phases(bs: str, topic: str, run: str, names: list[bytes], python: str,
-                args: argparse.Namespace) -> tuple[dict, float, bool]:
+                args: argparse.Namespace) -> tuple[dict, float, bool, float]:
     """Two workers of ``python``'s grudge-stream (a group of their own) on the backlog of
     ``topic``: the queries while they chew through it, then once they caught up."""
     workdir = tempfile.mkdtemp(prefix="bench-query-")
-    procs = [start_worker(bs, topic, run, workdir, i, python) for i in range(2)]
+    extra = dict(kv.split("=", 1) for kv in args.set)
+    procs = [start_worker(bs, topic, run, workdir, i, python, extra) for i in range(2)]
     try:
         ports = [port for _, port in procs]
         deadline = time.monotonic() + 120
@@ -229,12 +239,15 @@ def http_phases(bs: str, topic: str, run: str, names: list[bytes], python: str,
         while get_json(f"http://127.0.0.1:{ports[0]}/v1/score?key={forwarded[0].decode()}")[0] != 200:
             time.sleep(0.1)
         phases = {}
+        paused0 = sum(metric_total(p, PAUSED) for p in ports)
         ev0, t_ev0 = sum(events_total(p) for p in ports), time.perf_counter()
         # Under load: only while the workers still have backlog.
         phases["load"] = measure(ports[0], local, forwarded, args.queries,
                                  stop=lambda: sum(events_total(p) for p in ports) >= args.events)
         ev1, t_ev1 = sum(events_total(p) for p in ports), time.perf_counter()
         load_rate = (ev1 - ev0) / (t_ev1 - t_ev0)
+        # The share of the load phase the two consume loops waited for queries in flight.
+        paused = (sum(metric_total(p, PAUSED) for p in ports) - paused0) / (2 * (t_ev1 - t_ev0))
         caught_up = ev1 >= args.events
         while sum(events_total(p) for p in ports) < args.events:
             time.sleep(0.5)
@@ -247,7 +260,7 @@ def http_phases(bs: str, topic: str, run: str, names: list[bytes], python: str,
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    return phases, load_rate, caught_up
+    return phases, load_rate, caught_up, paused
 
 
 def main() -> None:
@@ -258,6 +271,8 @@ def main() -> None:
     ap.add_argument("--inproc-events", type=int, default=200_000)
     ap.add_argument("--inproc-keys", type=int, default=5_000)
     ap.add_argument("--in-process-only", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a worker setting for both releases' workers (repeatable)")
     ap.add_argument("--baseline-python", default=None,
                     help="a previous release's interpreter: its two workers answer the same queries on the "
                          "same backlog after this release's, for a side-by-side table")
@@ -280,14 +295,17 @@ def main() -> None:
     print(f"\n{'release':8s} {'phase':6s} {'kind':10s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
           f"{'errors':>7s}   (load: events/s the two workers processed while queried)")
     summary: dict = {"events": args.events, "keys": args.keys, "partitions": PARTS, **inproc}
-    for name, (phases, load_rate, caught_up) in results.items():
+    for name, (phases, load_rate, caught_up, paused) in results.items():
         prefix = "" if name == "this" else "previous_"
         summary[f"{prefix}load_events_per_s"] = load_rate
+        summary[f"{prefix}load_loop_paused_share"] = paused
         for phase, res in phases.items():
             for kind in ("local", "forwarded", "1000 keys"):
                 xs = res[kind]
                 note = (f"   load {load_rate:,.0f} ev/s" + (" (caught up: a lower bound)" if caught_up else "")
-                        if phase == "load" and kind == "local" else "")
+                        if phase == "load" and kind == "local" else
+                        f"   loops waited for queries {paused:.1%} of the time"
+                        if phase == "load" and kind == "forwarded" else "")
                 print(f"{name:8s} {phase:6s} {kind:10s} {len(xs):>5d} {pct(xs, 50):>8.2f} {pct(xs, 99):>8.2f} "
                       f"{max(xs, default=float('nan')):>8.2f} {len(res['errors']):>7d}{note}")
                 tag = kind.replace(" ", "_")

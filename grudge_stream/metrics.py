@@ -100,6 +100,9 @@ class Metrics:
         self.query_refused = Counter("grudge_query_refused_total",
                                      "Score queries refused: no token (unauthenticated), a wrong one (forbidden), "
                                      "past the client's budget (budget)", ["reason"], registry=r)
+        self.query_priority_paused = Counter("grudge_query_priority_paused_seconds_total",
+                                             "Batch runtime: time the consume loop waited for live queries in "
+                                             "flight (query_priority_share)", registry=r)
         self.entries_rejected = Counter("grudge_entries_rejected_total",
                                         "Members records and override entries ignored: no valid signature "
                                         "(signing_keys_file)", ["topic"], registry=r)

@@ -28,6 +28,7 @@ Runtime-neutral; both runtimes add thin HTTP hooks (docs/runtime.md, "Live score
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import os
@@ -166,6 +167,154 @@ def advertised_url(settings: Any) -> str:
         host = socket.gethostname()
     scheme = "https" if settings.get("web_tls_cert_file", None) else "http"
     return f"{scheme}://{host}:{settings.get('web_port', 6066)}"
+
+
+# -- connections to the other workers --------------------------------------------------------------
+
+class PeerConnections:
+    """Persistent HTTP(S) connections to the other workers, for forwards.
+
+    A forward on a new connection costs a TCP (and TLS) handshake, and on the owner a
+    thread started for it; on a busy machine each of those steps waits for a core. Idle
+    connections are kept, at most ``IDLE_PER_PEER`` per owner and for ``IDLE_S`` (less
+    than the owner's 30 s idle timeout, so the owner rarely closes one under us; when it
+    does, the forward is sent again once on a new connection: reads are idempotent).
+    Thread-safe."""
+
+    IDLE_PER_PEER = 4
+    IDLE_S = 20.0
+
+    def __init__(self, timeout_s: float, tls: Any = None) -> None:
+        self.timeout_s = timeout_s
+        self.tls = tls
+        self._idle: dict[str, list[tuple[float, http.client.HTTPConnection]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection to ``url`` and whether it was used before."""
+        now = time.monotonic()
+        with self._lock:
+            idle = self._idle.get(url, [])
+            while idle:
+                used, conn = idle.pop()
+                if now - used < self.IDLE_S:
+                    return conn, True
+                conn.close()
+        return self.new(url), False
+
+    def new(self, url: str) -> http.client.HTTPConnection:
+        """A new connection to ``url`` (connected on first use)."""
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=self.timeout_s,
+                                               context=self.tls)
+        return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout_s)
+
+    def put(self, url: str, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(url, [])
+            if len(idle) < self.IDLE_PER_PEER:
+                idle.append((time.monotonic(), conn))
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for _, conn in conns:
+                conn.close()
+
+
+# A pooled connection the owner closed meanwhile fails with one of these before any answer.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class _Forward:
+    """One forward in flight: the request sent on ``conn``, the answer not read yet."""
+
+    __slots__ = ("url", "idxs", "body", "headers", "conn", "reused", "error")
+
+    def __init__(self, url: str, idxs: list[int], body: bytes, headers: dict) -> None:
+        self.url, self.idxs, self.body, self.headers = url, idxs, body, headers
+        self.conn: http.client.HTTPConnection | None = None
+        self.reused = False
+        self.error: Exception | None = None
+
+
+# -- queries before processing ------------------------------------------------------------------------
+
+class QueryGate:
+    """Live queries ahead of processing, within a share of the time.
+
+    In the batch runtime a query is answered by a request thread of the same interpreter as
+    the consume loop: on a busy worker the two take turns with the interpreter lock, every
+    switch interval and at every socket wait, so a request of a few milliseconds of work
+    takes several times that, and its tail follows the loop's longest stretches. The request
+    threads hold the gate (``serving()``) while they answer; the loop calls
+    ``yield_to_queries()`` between partitions and between batches, and while a request is
+    in flight it waits there (holding no slot lock, not the interpreter lock) until the
+    requests are done. It waits at most ``share`` of the time (a bucket of pause time
+    refilled at ``share`` seconds a second, at most ``MAX_PAUSE_S`` in one go), so a flood
+    of queries slows processing by that share at most; ``share`` 0: never waits."""
+
+    MAX_PAUSE_S = 0.05
+
+    def __init__(self, share: float, metrics: Any = None) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ConfigError(f"query_priority_share must be between 0 and 1, not {share!r}")
+        self.share = float(share)
+        self._cond = threading.Condition(threading.Lock())
+        self._active = 0
+        self._tokens = self.MAX_PAUSE_S
+        self._refilled = time.monotonic()
+        self.paused_s = 0.0  # the loop's waits so far
+        self.metrics = metrics
+
+    def serving(self) -> "_Serving":
+        """A request in flight (a context manager) while its thread answers it."""
+        return _Serving(self)
+
+    def _enter(self) -> None:
+        with self._cond:
+            self._active += 1
+
+    def _exit(self) -> None:
+        with self._cond:
+            self._active -= 1
+            if not self._active:
+                self._cond.notify_all()
+
+    def yield_to_queries(self) -> float:
+        """The loop: while requests are in flight, wait for them within the share; the seconds waited."""
+        if not self._active or not self.share:
+            return 0.0
+        now = time.monotonic()
+        self._tokens = min(self.MAX_PAUSE_S, self._tokens + (now - self._refilled) * self.share)
+        self._refilled = now
+        if self._tokens <= 0.0:
+            return 0.0
+        with self._cond:
+            self._cond.wait_for(lambda: not self._active, self._tokens)
+        waited = time.monotonic() - now
+        self._tokens -= waited
+        self.paused_s += waited
+        if self.metrics is not None:
+            self.metrics.query_priority_paused.inc(waited)
+        return waited
+
+
+class _Serving:
+    __slots__ = ("gate",)
+
+    def __init__(self, gate: QueryGate) -> None:
+        self.gate = gate
+
+    def __enter__(self) -> None:
+        self.gate._enter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.gate._exit()
 
 
 # -- the members directory ----------------------------------------------------------------------------
@@ -457,6 +606,7 @@ class ScoreQueries:
         self._resolved: dict[str, tuple[float, set[str]]] = {}  # member host -> (when, addresses)
         # The SSL context forwards to https:// owners verify with (None: the default).
         self.tls = tls
+        self.peers = PeerConnections(forward_timeout_s, tls)
         # Whether the records' partitions agree with ``partitioner`` (set by the worker core).
         self.partitioner_check: PartitionerCheck | None = None
 
@@ -569,50 +719,88 @@ class ScoreQueries:
             self.read_partition(keys, p, n, idxs, results)
 
     def remote_part(self, keys: list[bytes], remote: dict[str, list[int]]) -> dict[int, dict]:
-        """Forward each owner its keys (once, marked; several owners at once); blocking: run
-        it off an event loop."""
-        out: dict[int, dict] = {}
-        if len(remote) == 1:
-            for url, idxs in remote.items():
-                self.forward_to(url, keys, idxs, out)
-            return out
-        threads = [threading.Thread(target=self.forward_to, args=(url, keys, idxs, out), daemon=True,
-                                    name="grudge-query-forward") for url, idxs in remote.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return out
+        """Forward each owner its keys (once, marked) and wait for their answers; blocking:
+        run it off an event loop. Every request is sent before any answer is read, so
+        several owners work at once."""
+        return self.receive_forwards(keys, self.send_forwards(keys, remote))
 
-    def forward_to(self, url: str, keys: list[bytes], idxs: list[int], out: dict[int, dict]) -> None:
-        """Forward ``keys[i]`` for ``i`` in ``idxs`` to the owner at ``url``; answers (or
-        errors) into ``out``."""
-        body = json.dumps({"keys_b64": [_b64(keys[i]) for i in idxs]}).encode()
-        req = urllib.request.Request(f"{url}/v1/scores", data=body, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              FORWARDED_HEADER: self.url or "1",
-                                              **(self.access.forward_headers() if self.access else {})})
+    def send_forwards(self, keys: list[bytes], remote: dict[str, list[int]]) -> list[_Forward]:
+        """Send each owner of ``remote`` its keys; the answers are read by ``receive_forwards``
+        (meanwhile the owners read, and this thread may read its own keys)."""
+        headers = {"Content-Type": "application/json", FORWARDED_HEADER: self.url or "1",
+                   **(self.access.forward_headers() if self.access else {})}
+        sent = []
+        for url, idxs in remote.items():
+            fwd = _Forward(url, idxs, json.dumps({"keys_b64": [_b64(keys[i]) for i in idxs]}).encode(), headers)
+            self._send(fwd)
+            sent.append(fwd)
+        return sent
+
+    def _send(self, fwd: _Forward, fresh: bool = False) -> None:
+        """``fwd``'s request on a pooled connection (``fresh``: a new one); a pooled one the
+        owner had closed is replaced once."""
+        fwd.conn, fwd.reused = (self.peers.new(fwd.url), False) if fresh else self.peers.get(fwd.url)
+        fwd.error = None
         try:
+            fwd.conn.request("POST", urllib.parse.urlsplit(fwd.url).path.rstrip("/") + "/v1/scores",
+                             fwd.body, fwd.headers)
+        except (OSError, http.client.HTTPException) as exc:
+            fwd.conn.close()
+            if fwd.reused and isinstance(exc, _STALE):
+                self._send(fwd, fresh=True)
+            else:
+                fwd.error = exc
+
+    @staticmethod
+    def _read(conn: http.client.HTTPConnection) -> tuple[http.client.HTTPResponse, bytes]:
+        resp = conn.getresponse()
+        return resp, resp.read()
+
+    def _response(self, fwd: _Forward) -> Any:
+        assert fwd.conn is not None
+        try:
+            resp, data = self._read(fwd.conn)
+        except _STALE:
+            fwd.conn.close()
+            if not fwd.reused:
+                raise
+            self._send(fwd, fresh=True)
+            if fwd.error is not None:
+                raise fwd.error from None
+            assert fwd.conn is not None
+            resp, data = self._read(fwd.conn)
+        if resp.will_close:
+            fwd.conn.close()
+        else:
+            self.peers.put(fwd.url, fwd.conn)
+        return json.loads(data or b"{}")  # a 503 carries the owner's per-key errors
+
+    def receive_forwards(self, keys: list[bytes], sent: list[_Forward]) -> dict[int, dict]:
+        """The answers of ``send_forwards``'s requests (or an ``owner_unreachable`` error per key)."""
+        out: dict[int, dict] = {}
+        for fwd in sent:
+            url, idxs = fwd.url, fwd.idxs
             try:
-                with urllib.request.urlopen(req, timeout=self.forward_timeout_s,
-                                            context=self.tls if url.startswith("https:") else None) as resp:
-                    doc = json.loads(resp.read())
-            except urllib.error.HTTPError as exc:  # a 503 carries the owner's per-key errors
-                doc = json.loads(exc.read() or b"{}")
-            answers = doc.get("results")
-            if not isinstance(answers, list) or len(answers) != len(idxs):
-                raise ValueError(f"unexpected answer from {url}: {str(doc)[:200]}")
-        except (OSError, ValueError) as exc:
-            for i in idxs:
-                out[i] = _error(keys[i], "owner_unreachable", f"the owner {url} did not answer: {exc}",
-                                owner=url)
-            return
-        for i, ans in zip(idxs, answers):
-            if isinstance(ans, dict) and not ans.get("error"):
-                ans["forwarded_by"] = self.url
-            elif isinstance(ans, dict):
-                ans.setdefault("owner", url)
-            out[i] = ans
+                if fwd.error is not None:
+                    raise fwd.error
+                doc = self._response(fwd)
+                answers = doc.get("results") if isinstance(doc, dict) else None
+                if not isinstance(answers, list) or len(answers) != len(idxs):
+                    raise ValueError(f"unexpected answer from {url}: {str(doc)[:200]}")
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                if fwd.conn is not None:
+                    fwd.conn.close()
+                for i in idxs:
+                    out[i] = _error(keys[i], "owner_unreachable", f"the owner {url} did not answer: {exc}",
+                                    owner=url)
+                continue
+            for i, ans in zip(idxs, answers):
+                if isinstance(ans, dict) and not ans.get("error"):
+                    ans["forwarded_by"] = self.url
+                elif isinstance(ans, dict):
+                    ans.setdefault("owner", url)
+                out[i] = ans
+        return out
 
     @staticmethod
     def combine(results: list[dict | None], forwarded: dict[int, dict], single: bool) -> tuple[int, dict, dict]:
@@ -627,10 +815,9 @@ class ScoreQueries:
         return status, (done[0] if single else {"results": done}), headers
 
     def answer(self, keys: list[bytes], forward: bool = True, single: bool = False) -> tuple[int, dict, dict]:
-        """A whole request, blocking (the batch runtime's HTTP threads). The forwards go out
-        first, from a thread of their own, and the owners read while this worker reads its
-        own keys: a request mixing local and remote keys takes the longer of the two, not
-        their sum."""
+        """A whole request, blocking (the batch runtime's HTTP threads). The forwards are sent
+        first, and the owners read while this worker reads its own keys: a request mixing
+        local and remote keys takes the longer of the two, not their sum."""
         results: list[dict | None] = [None] * len(keys)
         local: dict[int, list[int]] = {}
         remote: dict[str, list[int]] = {}
@@ -640,14 +827,11 @@ class ScoreQueries:
             return self.combine(results, {}, single)
         if not local:
             return self.combine(results, self.remote_part(keys, remote), single)
-        forwarded: dict[int, dict] = {}
-        sender = threading.Thread(target=lambda: forwarded.update(self.remote_part(keys, remote)),
-                                  name="grudge-query-forward", daemon=True)
-        sender.start()
+        sent = self.send_forwards(keys, remote)
         try:
             self.read_local(keys, n, local, results)
         finally:
-            sender.join()
+            forwarded = self.receive_forwards(keys, sent)
         return self.combine(results, forwarded, single)
 
     @staticmethod

@@ -326,6 +326,8 @@ COMMON: list[Setting] = [
     S("query_rate_per_s", "float", 1000.0, "per-client query budget: keys a second (0: no budget)", "keys/s",
       min=0),
     S("query_burst", "float", 5000.0, "per-client query budget: keys at once", "keys", min=1),
+    S("query_priority_share", "float", 0.2, "batch runtime: while live queries are in flight the consume loop "
+      "waits for them between partitions, for at most this share of its time (0: never)", min=0, max=1),
     S("signing_keys_file", "str", None, "a file of name:secret keys: members records and override entries are "
       "signed, and entries that do not verify are ignored and counted (docs/security.md)"),
     S("query_debug_detail", "bool", False, "score answers also carry per-level reads, cell indexes and the "

@@ -54,6 +54,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
+from grudge_stream.serving import QueryGate
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
@@ -122,6 +123,8 @@ class BatchWorker(WorkerCore):
         if self.exactly_once:
             self.transaction = Transaction(self.producer, self.consumer.consumer_group_metadata)
         self._http: ThreadingHTTPServer | None = None
+        # Live queries ahead of processing, within a share of the loop's time (serving.QueryGate).
+        self.query_gate = QueryGate(setting(settings, "query_priority_share"), self.metrics)
 
     # -- core hooks -------------------------------------------------------------------------------
 
@@ -257,6 +260,9 @@ class BatchWorker(WorkerCore):
             self.ticks.close()
             if self._background_store is not None:
                 self._background_store.close()
+
+    def yield_to_queries(self) -> None:
+        self.query_gate.yield_to_queries()
 
     def _log_end(self, p: int) -> int:
         """The log end offset librdkafka learned with its fetches."""
@@ -459,7 +465,14 @@ class BatchWorker(WorkerCore):
         worker = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keep-alive: the other workers' forwards (serving.PeerConnections) and clients that
+            # keep their connection skip a handshake and a thread start per request.
+            protocol_version = "HTTP/1.1"
+
             def do_GET(self) -> None:  # noqa: N802
+                # A GET never reads a body: one sent anyway ends the connection after the answer.
+                self._unread = 1 if (self.headers.get("Content-Length") or "0").strip() != "0" or \
+                    self.headers.get("Transfer-Encoding") else 0
                 if self.path.startswith("/ready"):
                     status, ready = worker.ready_status()
                     self._send(status, json.dumps(ready).encode(), "application/json")
@@ -479,25 +492,51 @@ class BatchWorker(WorkerCore):
                         length = int(self.headers.get("Content-Length") or 0)
                     except ValueError:
                         length = -1
-                    if length < 0:
-                        self._send(400, b'{"error": "bad_request", "message": "bad Content-Length"}',
-                                   "application/json")
+                    if length < 0 or self.headers.get("Transfer-Encoding"):
+                        self._send(400, b'{"error": "bad_request", "message": "a body needs a valid '
+                                   b'Content-Length (no chunked encoding)"}', "application/json", close=True)
                         return
+                    self._unread = length
+
+                    def body() -> bytes:
+                        self._unread = max(0, length - (1 << 20))
+                        return self.rfile.read(min(length, 1 << 20))
+
                     # Read only once the token is checked (serving.ScoreQueries.prepare).
-                    self._score(lambda: self.rfile.read(min(length, 1 << 20)))
+                    self._score(body)
                 else:
-                    self._send(404, b"not found\n", "text/plain")
+                    self._send(404, b"not found\n", "text/plain", close=True)
 
             def _score(self, body) -> None:
                 t0 = time.perf_counter()
                 path, _, query = self.path.partition("?")
-                status, doc, headers = worker.queries.handle(self.command, path, query, body, self.headers,
-                                                             self.client_address[0])
-                self._send(status, json.dumps(doc).encode(), "application/json", headers)
+                queries, peer = worker.queries, self.client_address[0]
+                client, parsed = queries.admit(self.headers, peer)
+                if client is not None:
+                    # The body is read only once the token is checked, and before the request
+                    # holds the query gate; so is the answer written: a slow client holds no
+                    # one up. The work in between runs ahead of the consume loop.
+                    data = body() if callable(body) else body
+                    with worker.query_gate.serving():
+                        parsed = queries.prepare(self.command, path, query, data, self.headers, peer, client)
+                        if not isinstance(parsed[0], int):
+                            parsed = queries.answer(*parsed)  # type: ignore[misc]
+                        payload = json.dumps(parsed[1]).encode()
+                else:
+                    payload = json.dumps(parsed[1]).encode()
+                status, _, headers = parsed  # type: ignore[misc]
+                self._send(status, payload, "application/json", headers)
                 worker.metrics.query_answered(status, time.perf_counter() - t0)
 
-            def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None) -> None:
+            def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None,
+                      close: bool = False) -> None:
+                if close or getattr(self, "_unread", 0):
+                    # A request body left unread (a refusal before it, or past 1 MiB) ends the
+                    # connection: its bytes are not the next request.
+                    self.close_connection = True
                 self.send_response(status)
+                if self.close_connection:
+                    self.send_header("Connection", "close")
                 self.send_header("Content-Type", ctype)
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)

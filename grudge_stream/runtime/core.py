@@ -596,6 +596,11 @@ class WorkerCore:
         if self.transaction is not None:
             self.transaction.begin()
 
+    def yield_to_queries(self) -> None:
+        """Between partitions: the batch runtime lets live queries in flight finish first
+        (``serving.QueryGate``); the Faust runtime answers them on its event loop, between
+        the loop's awaits, and has nothing to do here."""
+
     def process_groups(self, groups: dict[int, Any], records: bool = False) -> None:
         """The one "process, then publish" step of every runtime: each partition's records
         through its slot, under the slot's lock (a live query never reads a batch half
@@ -608,6 +613,7 @@ class WorkerCore:
             slot = slots.get(p)
             if slot is None:
                 continue
+            self.yield_to_queries()
             with slot.lock:
                 out = slot.process(chunk) if records else slot.process_columns(topic, *chunk)
             if out:

@@ -9,6 +9,7 @@ non-loopback address without tokens, or given a bad token file, refuses to start
 exit 2)."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -214,6 +215,22 @@ def test_tokens_forwarding_rotation_budget_and_no_leaks(harness, runtime, tmp_pa
                   b"Content-Length: 1000000\r\nConnection: close\r\n\r\n[")
         first = s.recv(65536)  # a server reading the body first would time out here
     assert first.split(b"\r\n")[0].split(b" ")[1] == b"401", first[:200]
+    # Kept connections: answers one after another on one connection. A refused POST whose
+    # body is left unread ends its connection: a request hidden in the body is never answered.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    auth = {"Authorization": f"Bearer {TOKENS['scanner']}", "Content-Type": "application/json"}
+    socks = []
+    for _ in range(3):
+        conn.request("POST", "/v1/scores", json.dumps(["abuser-1", "user-3"]), auth)
+        resp = conn.getresponse()
+        assert resp.status == 200 and len(json.loads(resp.read())["results"]) == 2
+        socks.append(conn.sock)
+    assert socks[0] is not None and socks.count(socks[0]) == 3
+    conn.close()
+    hidden = b"GET /v1/score?key=abuser-0 HTTP/1.1\r\nHost: x\r\n\r\n"
+    reply = raw(port, b"POST /v1/scores HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(hidden) + hidden)
+    assert reply.startswith(b"HTTP/1.1 401") and reply.count(b"HTTP/1.1 ") == 1, reply[:500]
     end_before = sum(h.end_offsets().values())
     produce_murmur2(h, h.make_events(500, seed=6, abusers=2, users=50))
     assert get(port, "/live")[0] == 200
