@@ -211,12 +211,22 @@ class PeerConnections:
         return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout_s)
 
     def put(self, url: str, conn: http.client.HTTPConnection) -> None:
+        now = time.monotonic()
+        stale: list[http.client.HTTPConnection] = []
         with self._lock:
+            # Connections to owners no longer asked (a worker gone, a new address) go too.
+            for u in list(self._idle):
+                stale += [c for used, c in self._idle[u] if now - used >= self.IDLE_S]
+                self._idle[u] = [(used, c) for used, c in self._idle[u] if now - used < self.IDLE_S]
+                if not self._idle[u]:
+                    del self._idle[u]
             idle = self._idle.setdefault(url, [])
             if len(idle) < self.IDLE_PER_PEER:
-                idle.append((time.monotonic(), conn))
-                return
-        conn.close()
+                idle.append((now, conn))
+            else:
+                stale.append(conn)
+        for c in stale:
+            c.close()
 
     def close(self) -> None:
         with self._lock:
@@ -252,8 +262,8 @@ class QueryGate:
     switch interval and at every socket wait, so a request of a few milliseconds of work
     takes several times that, and its tail follows the loop's longest stretches. The request
     threads hold the gate (``serving()``) while they answer; the loop calls
-    ``yield_to_queries()`` between partitions and between batches, and while a request is
-    in flight it waits there (holding no slot lock, not the interpreter lock) until the
+    ``yield_to_queries()`` before each partition of a batch, and while a request is in
+    flight it waits there (holding no slot lock, not the interpreter lock) until the
     requests are done. It waits at most ``share`` of the time (a bucket of pause time
     refilled at ``share`` seconds a second, at most ``MAX_PAUSE_S`` in one go), so a flood
     of queries slows processing by that share at most; ``share`` 0: never waits."""

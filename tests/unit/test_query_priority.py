@@ -150,3 +150,15 @@ def test_the_pool_keeps_a_few_idle_connections_per_owner_and_drops_old_ones(owne
     peers._idle[owner] = [(time.monotonic() - PeerConnections.IDLE_S - 1, c) for _, c in peers._idle[owner]]
     assert peers.get(owner)[1] is False and peers._idle[owner] == []
     peers.close()
+
+
+def test_idle_connections_to_owners_no_longer_asked_are_closed(owner) -> None:
+    peers = PeerConnections(1.0)
+    gone = "http://127.0.0.1:9"  # an owner that left: never asked again
+    old, _ = peers.get(gone)
+    peers.put(gone, old)
+    peers._idle[gone] = [(time.monotonic() - PeerConnections.IDLE_S - 1, old)]
+    c, _ = peers.get(owner)
+    peers.put(owner, c)
+    assert list(peers._idle) == [owner]
+    peers.close()
