@@ -107,6 +107,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return run_batch_worker(topology, settings, **start)
     import faust
 
+    from grudge_stream.exceptions import exit_code
     from grudge_stream.runtime.faust import build_app
 
     from grudge_stream import logsetup
@@ -133,7 +134,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         if stage is not None:
             stage.stop()
-    return 2 if runtime.fatal is not None else 0
+    return exit_code(runtime.fatal) if runtime.fatal is not None else 0
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -614,13 +615,13 @@ def main(argv: list[str] | None = None) -> int:
     from grudge_stream import logsetup
 
     logsetup.install(json_lines=getattr(args, "log_format", "text") == "json")
-    from grudge_stream.exceptions import GrudgeError
+    from grudge_stream.exceptions import EXIT_FAULT, EXIT_USER_ERROR, GrudgeError, WorkerFault
 
     try:
         return int(args.func(args) or 0)
-    except GrudgeError as exc:  # a user error: one line, exit 2 (tracebacks are for bugs)
+    except GrudgeError as exc:  # one line, exit 2 for a user error, 3 for a fault (tracebacks are for bugs)
         print(f"grudge-stream {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAULT if isinstance(exc, WorkerFault) else EXIT_USER_ERROR
     except KafkaException as exc:  # what the cluster answered, not a bug here: one line too
         err = exc.args[0] if exc.args else exc
         text = " ".join(str(err.str() if hasattr(err, "str") else err).split())

@@ -95,3 +95,58 @@ class Liveness:
             body["live"] = alive
             body["parts"] = parts
         return (200 if alive else 503), body
+
+
+class GroupProgress(Liveness):
+    """``/live``'s watch on a member that holds no partition: legitimate when the group has
+    more members than partitions and the others consume, a zombie when nobody does.
+
+    The consume loop calls :meth:`tick` every turn. While the member holds partitions it
+    beats. While it holds none, ``position()`` (blocking: the group's committed offsets and
+    the source's log end offsets, each summed over the source's partitions, or None when
+    the cluster does not answer) is asked in the background every ``interval_s``, and it
+    beats when the group's committed offsets moved (another member consumes) or the log end
+    did not (nothing to consume), or the cluster did not answer (an outage is not cured by
+    a restart). So it stops beating only while records arrive, the group commits none of
+    them, and this member holds nothing: after ``timeout_s`` of that, ``/live`` fails and
+    the orchestrator restarts the member, which rejoins the group."""
+
+    __slots__ = ("interval_s", "_position", "_seen", "_asked", "_running")
+
+    def __init__(self, timeout_s: float, position: Callable[[], "tuple[int, int] | None"],
+                 interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(timeout_s, clock)
+        self.interval_s = interval_s
+        self._position = position
+        self._seen: tuple[int, int] | None = None
+        self._asked = float("-inf")
+        self._running = False
+
+    def tick(self, holding: bool) -> None:
+        if holding:
+            self._seen = None
+            self.beat()
+            return
+        now = self._clock()
+        if self._running or now - self._asked < self.interval_s:
+            return
+        self._asked, self._running = now, True
+        import threading
+
+        threading.Thread(target=self._probe, name="grudge-group-progress", daemon=True).start()
+
+    def _probe(self) -> None:
+        try:
+            try:
+                pos = self._position()
+            except Exception:  # noqa: BLE001 - the cluster did not answer: not this member's fault
+                pos = None
+            self.observe(pos)
+        finally:
+            self._running = False
+
+    def observe(self, pos: "tuple[int, int] | None") -> None:
+        """One answer of ``position()``: (committed, log end) summed, or None."""
+        seen, self._seen = self._seen, pos
+        if pos is None or seen is None or pos[0] != seen[0] or pos[1] <= seen[1]:
+            self.beat()

@@ -50,6 +50,13 @@ class Metrics:
         self.producers_renewed = Counter("grudge_producers_renewed_total", "exactly_once: transactional "
                                          "producers the broker fenced (a transaction it timed out) and "
                                          "replaced", registry=r)
+        self.consumer_fatal = Counter("grudge_consumer_fatal_errors_total", "Fatal errors of the source "
+                                      "consumer (a static member fenced by another with the same "
+                                      "group_instance_id, say): each one replaces the consumer or ends "
+                                      "the worker", registry=r)
+        self.consumers_renewed = Counter("grudge_consumers_renewed_total", "Source consumers replaced in "
+                                         "place after a fatal error (the partitions held went back to "
+                                         "their snapshots)", registry=r)
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
         self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
         self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)

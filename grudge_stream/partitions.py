@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
-from grudge_stream.exceptions import CheckpointError, ForeignDeployment, MismatchError, PartitionCountChanged
+from grudge_stream.exceptions import (ForeignDeployment, MismatchError, PartitionCountChanged,
+                                     SnapshotRefused)
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator
 from grudge_stream.operators.records import OutputRecord, SourceRecord
@@ -110,13 +111,13 @@ def restore_partition(topology: Topology, store: CheckpointStore, partition: int
         if foreign and not topology.reset_state:
             # Other state-shaping settings (or another hash key): the operator decides, never
             # a silent replay that would republish every old output.
-            raise CheckpointError(f"{topology.source_topic}[{partition}]: {foreign[0]}")
+            raise SnapshotRefused(f"{topology.source_topic}[{partition}]: {foreign[0]}")
         if foreign:
             log.warning("reset_state: dropping the snapshots of %s[%d] taken under other settings (%s); "
                         "rebuilding the state from the earliest retained offset", topology.source_topic,
                         partition, foreign[0])
         elif topology.restore_fallback == "fail":
-            raise CheckpointError(
+            raise SnapshotRefused(
                 f"no usable snapshot for {op.operator_id} {topology.source_topic}[{partition}] ({reasons}). "
                 "Operator action: fix the configuration to match the snapshot, or set "
                 "restore_fallback=replay to rebuild the state from the earliest retained offset."

@@ -53,7 +53,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
+from grudge_stream.exceptions import EXIT_FAULT, CheckpointError, ConfigError, DeliveryError, WorkerFault, exit_code
 from grudge_stream.serving import QueryGate
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
@@ -76,6 +76,27 @@ _COMMIT_LATER = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION
                  KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
                  KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
                  KafkaError.REQUEST_TIMED_OUT}
+
+# A consumer that fails fatally (a static member fenced by another with its group_instance_id)
+# is replaced in place; this many times within the window, and the worker ends with EXIT_FAULT
+# instead, for its orchestrator to restart (two live incarnations fencing each other, say).
+CONSUMER_RENEWALS_MAX = 3
+CONSUMER_RENEWALS_WINDOW_S = 300.0
+# Closing a fatal consumer may wait on the broker; it is given this long, then left behind.
+CONSUMER_CLOSE_LIMIT_S = 10.0
+
+
+class ConsumerFatal(WorkerFault):
+    """The source consumer failed for good (librdkafka's fatal error): it cannot consume,
+    commit or rejoin, and only a new consumer can go on."""
+
+    def __init__(self, err: KafkaError) -> None:
+        super().__init__(err.str())
+        self.error = err
+
+
+def _fatal(err: object) -> bool:
+    return isinstance(err, KafkaError) and (err.fatal() or err.code() == KafkaError._FATAL)
 
 
 class BatchWorker(WorkerCore):
@@ -119,7 +140,9 @@ class BatchWorker(WorkerCore):
         # partition.assignment.strategy=cooperative-sticky (a pass-through property): incremental
         # rebalances, where the partitions that stay keep flowing while others move.
         self.cooperative = "cooperative-sticky" in str(conf.get("partition.assignment.strategy", ""))
+        self._consumer_conf = conf
         self.consumer = Consumer(conf)
+        self._consumer_renewals: list[float] = []
         if self.exactly_once:
             self.transaction = Transaction(self.producer, self.consumer.consumer_group_metadata)
         self._http: ThreadingHTTPServer | None = None
@@ -149,6 +172,8 @@ class BatchWorker(WorkerCore):
             # coordinator that moved: the next round commits again (a restore then replays a
             # little more, silently up to the older commit).
             err = exc.args[0]
+            if _fatal(err):
+                raise ConsumerFatal(err) from None
             if not (err.retriable() or err.code() in _COMMIT_LATER):
                 raise
             log.info("offset commit deferred to the next round: %s", err.str())
@@ -159,6 +184,8 @@ class BatchWorker(WorkerCore):
     # -- group membership ------------------------------------------------------------------------
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:  # a replaced consumer's last callback
+            return
         # Every partition of the assignment counts as assigned before any is restored, so /ready
         # says 503 until the last one is.
         self.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
@@ -188,6 +215,10 @@ class BatchWorker(WorkerCore):
         return start if start is not None else OFFSET_BEGINNING
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            # A replaced consumer's revocation while it closes: its partitions were released
+            # with it, unsnapshotted (``_replace_consumer``).
+            return
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
         self.finish_writer(wait=True)
         self._pending_commit = None
@@ -198,9 +229,15 @@ class BatchWorker(WorkerCore):
             self.checkpoint([p for p in revoked if p in self.slots])
         except DeliveryError as exc:
             log.error("no snapshot on revocation: %s; the next owner replays from the last snapshot", exc)
+        except ConsumerFatal as exc:  # the commit after the snapshots: the loop replaces the consumer
+            log.error("offsets not committed on revocation: the consumer failed for good (%s)", exc)
         except (KafkaException, TransactionStuck) as exc:
             if self.transaction is None:
-                log.exception("checkpoint on revocation failed")
+                if isinstance(exc, KafkaException) and _fatal(exc.args[0]):
+                    log.error("checkpoint on revocation failed: the consumer failed for good (%s)",
+                              exc.args[0].str())
+                else:
+                    log.exception("checkpoint on revocation failed")
             else:
                 # (The member fell out of the group, typically: its partitions are lost.)
                 self.abort_transaction(exc)
@@ -233,10 +270,16 @@ class BatchWorker(WorkerCore):
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
         loop = ConsumeLoop(self.consumer, self.topic, batch_size=self.batch_size,
                            wait_s=self.batch_max_wait_ms / 1000.0, shape=RECORDS if self.needs_headers else COLUMNS,
-                           beat=self.liveness.beat)
+                           on_error=self._consume_error, beat=self._beat)
         clean = False
         try:
-            loop.run(self._step, until=self.stopping.is_set)
+            while True:
+                try:
+                    loop.run(self._step, until=self.stopping.is_set)
+                    break
+                except ConsumerFatal as exc:
+                    self._replace_consumer(exc)
+                    loop.consumer = self.consumer
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 with self.shutdown_progress("final snapshots"):
@@ -263,6 +306,80 @@ class BatchWorker(WorkerCore):
 
     def yield_to_queries(self) -> None:
         self.query_gate.yield_to_queries()
+
+    # -- a consumer that failed for good ------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Each turn of the consume loop: progress for ``/live``, and for the watch of a member
+        that holds nothing while its group stands still (``health.GroupProgress``)."""
+        self.liveness.beat()
+        self.group_progress.tick(bool(self.assigned))
+
+    def _consume_error(self, err: KafkaError) -> None:
+        if _fatal(err):
+            raise ConsumerFatal(err)
+        log.warning("consume error: %s", err)
+
+    def _replace_consumer(self, exc: ConsumerFatal) -> None:
+        """The consumer failed for good: typically a static member fenced because another
+        consumer joined with its ``group_instance_id`` (a replaced pod whose old incarnation
+        still ran, a session that timed out while the coordinator moved). As Kafka Streams
+        replaces a dead stream thread: the partitions held are released without a snapshot
+        or a commit (another member may own them by now; their state goes back to the last
+        snapshot wherever they are assigned next), an open transaction is aborted, and a new
+        consumer rejoins under the same ``group_instance_id`` (fencing the other incarnation,
+        if one still runs). More than ``CONSUMER_RENEWALS_MAX`` renewals within
+        ``CONSUMER_RENEWALS_WINDOW_S`` end the worker with ``EXIT_FAULT``."""
+        self.metrics.consumer_fatal.inc()
+        now = time.monotonic()
+        self._consumer_renewals = [t for t in self._consumer_renewals if now - t < CONSUMER_RENEWALS_WINDOW_S]
+        if len(self._consumer_renewals) >= CONSUMER_RENEWALS_MAX:
+            log.error("the consumer failed for good again (%s): %d times within %.0f s; ending the worker "
+                      "for a restart (exit %d)", exc, len(self._consumer_renewals) + 1,
+                      CONSUMER_RENEWALS_WINDOW_S, exit_code(exc))
+            self.no_more_snapshots = True
+            raise exc
+        self._consumer_renewals.append(now)
+        held = sorted(set(self.slots) | self.assigned)
+        log.error("the consumer failed for good (%s): a new consumer rejoins the group%s; the %d partitions "
+                  "held are released without a snapshot and go back to their last snapshots",
+                  exc, f" as {self.instance_id!r}" if self.instance_id else "", len(held))
+        # A background snapshot in flight is dropped: its manifest is never written.
+        w = self.writer
+        if w is not None:
+            w.cancelled.set()
+            w.done.wait()
+            self.writer = None
+        self._snapshot_queue.clear()
+        txn = self.transaction
+        if txn is not None and txn.open:
+            try:
+                _resume(lambda: self.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
+            except TransactionStuck as stuck:
+                self._renew_producer(stuck, stuck=True)
+            except KafkaException as kexc:
+                if not (kexc.args and isinstance(kexc.args[0], KafkaError) and kexc.args[0].code() in _FENCED):
+                    raise
+                self._renew_producer(kexc)
+            else:
+                txn.open = False
+                self.publisher.drop_unfinished()
+            self.metrics.transactions_aborted.inc()
+        self.reset_pending = False
+        self.release(held)
+        self.committed.clear()
+        self._pending_commit = None
+        self.in_group = False
+        self.record_assignment()
+        old = self.consumer
+        self.consumer = Consumer(self._consumer_conf)
+        if txn is not None:
+            txn.group_metadata = self.consumer.consumer_group_metadata
+        closer = threading.Thread(target=_close_quietly, args=(old,), name="grudge-consumer-close", daemon=True)
+        closer.start()
+        closer.join(CONSUMER_CLOSE_LIMIT_S)
+        self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
+        self.metrics.consumers_renewed.inc()
 
     def _log_end(self, p: int) -> int:
         """The log end offset librdkafka learned with its fetches."""
@@ -347,6 +464,8 @@ class BatchWorker(WorkerCore):
                         self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                                              asynchronous=True)
                     except KafkaException as exc:  # a rebalance in progress, say: the next interval
+                        if _fatal(exc.args[0]):
+                            raise ConsumerFatal(exc.args[0]) from None
                         log.info("offset commit deferred to the next interval: %s", exc.args[0].str())
                     else:
                         self.committed.update(offsets)
@@ -560,6 +679,13 @@ class BatchWorker(WorkerCore):
         threading.Thread(target=self._http.serve_forever, name="grudge-http", daemon=True).start()
 
 
+def _close_quietly(consumer: Consumer) -> None:
+    try:
+        consumer.close()
+    except Exception as exc:  # noqa: BLE001 - a fatal consumer may refuse even that; it is dropped
+        log.debug("closing the replaced consumer: %s", exc)
+
+
 class _WebServer(ThreadingHTTPServer):
     """The web port: a thread per connection; with ``tls`` HTTPS only, the handshake done in
     the connection's thread (a slow or plain-text client holds up no one else)."""
@@ -603,9 +729,12 @@ def run_batch_worker(topology: Topology, settings: Settings, *, create_topics: b
                         client_config=worker.client_config)
     try:
         return worker.run()
-    except (CheckpointError, DeliveryError) as exc:  # the worker stopped without a snapshot past it
+    except (CheckpointError, DeliveryError, WorkerFault) as exc:  # stopped without a snapshot past it
         log.error("%s", exc)
-        return 2
+        return exit_code(exc)
+    except KafkaException as exc:  # the cluster's answer at run time: a fault, restart
+        log.error("the worker stopped on a Kafka error: %s", exc.args[0].str() if exc.args else exc)
+        return EXIT_FAULT
     finally:
         if stage is not None:
             stage.stop()

@@ -44,10 +44,10 @@ from grudge_stream.checkpoint import (
     CheckpointStore,
     watermarks,
 )
-from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError, GrudgeError
+from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError, WorkerFault
 from grudge_stream.health import AssignmentWatch, BrokerProbe, readiness
 from grudge_stream.kafkaconf import FAST_CONSUMER, client_config, producer_config
-from grudge_stream.liveness import Liveness
+from grudge_stream.liveness import GroupProgress, Liveness
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import group_source_records
 from grudge_stream.outputs import OutputPublisher
@@ -154,7 +154,7 @@ TXN_CALL_TIMEOUT_S = 10
 TXN_CALL_LIMIT_S = TXN_CALL_TIMEOUT_S + 10
 
 
-class TransactionStuck(GrudgeError):
+class TransactionStuck(WorkerFault):
     """A transactional call blocked past its own timeout: the producer cannot be used again
     and is replaced (``WorkerCore.renew_producer``)."""
 
@@ -274,6 +274,10 @@ class WorkerCore:
         self.instance_id = setting(settings, "group_instance_id")
         self.metrics = Metrics()
         self.liveness = Liveness.from_settings(settings)
+        # /live also fails when this member holds nothing while the group stands still and
+        # records arrive (a member the group forgot: liveness.GroupProgress).
+        self.group_progress = GroupProgress(self.liveness.timeout_s, self.group_position)
+        self.liveness.watch("group", self.group_progress)
         self.slots: dict[int, PartitionSlot] = {}
         self.assigned: set[int] = set()
         # Per source partition, the offset a durable snapshot covers: the group's committed
@@ -760,6 +764,21 @@ class WorkerCore:
                     warned = now
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    def group_position(self) -> tuple[int, int] | None:
+        """The group's committed offsets and the source's log end offsets, each summed over
+        the source's partitions (blocking; ``GroupProgress`` asks it in the background)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        n = self.count()
+        committed = self.group_committed(range(n))
+        c = Consumer({**self.client_config, "group.id": "grudge-watermarks", "log_level": 0})
+        try:
+            ends = [c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)[1]
+                    for p in range(n)]
+        finally:
+            c.close()
+        return sum(committed.values()), sum(ends)
 
     def restart_point(self, partition: int, outcome: RestoreOutcome, committed: int | None) -> RestoreOutcome:
         """A restored partition whose group committed offsets but kept no snapshot (they are

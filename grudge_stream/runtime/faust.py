@@ -35,9 +35,10 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -46,7 +47,7 @@ from faust.types import TP
 from faust.web import View
 
 from grudge_stream._cyext._ingest import group_records
-from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
+from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError, WorkerFault
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.runtime.core import WorkerCore
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("grudge_stream.faust")
 
 MAX_POLL_RECORDS = 20_000
+# How often a thread checks that the consumer's group coordination still runs.
+COORDINATION_CHECK_S = 2.0
 
 
 class ShortWaitConsumerThread(AIOKafkaConsumerThread):
@@ -237,7 +240,7 @@ class FaustRuntime(WorkerCore):
         self.stopping = False
         # A restore refused for good (ForeignDeployment, PartitionCountChanged): the worker
         # stops without a snapshot and `grudge-stream worker` exits 2 with this one line.
-        self.fatal: CheckpointError | None = None
+        self.fatal: CheckpointError | WorkerFault | None = None
         self.consumer: Any = None  # the Faust consumer, once it positioned partitions
 
     # -- core hooks -------------------------------------------------------------------------------
@@ -295,7 +298,7 @@ class FaustRuntime(WorkerCore):
                 await consumer.seek_from_consumer_thread(tp, start)
         self.record_assignment()
 
-    def stop_fatally(self, exc: CheckpointError) -> None:
+    def stop_fatally(self, exc: CheckpointError | WorkerFault) -> None:
         """One line, no more snapshots (none may cover a state this worker cannot have), and
         a graceful stop of the Faust worker (SIGTERM to ourselves)."""
         if self.fatal is None:
@@ -398,8 +401,18 @@ class FaustRuntime(WorkerCore):
     def _log_end(self, p: int) -> int | None:
         return self.consumer.highwater(TP(self.topic, p))
 
+    def watch_coordination(self) -> None:
+        """End the worker (``EXIT_FAULT``, no snapshot) once the consumer's group
+        coordination has ended for good (``watch_coordination``)."""
+        def failed(exc: WorkerFault) -> None:
+            self.metrics.consumer_fatal.inc()
+            self.stop_fatally(exc)
+
+        watch_coordination(self.app, failed, lambda: self.stopping or self.fatal is not None)
+
     async def checkpoint_tick(self) -> None:
         self.waiting.tick(len(self.assigned))
+        self.group_progress.tick(bool(self.assigned))
         if self.consumer is not None:
             self.record_lag(self._log_end)
         self.record_replay()
@@ -515,6 +528,7 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     app.on_partitions_assigned.connect(runtime.on_assigned)
     app.on_partitions_revoked.connect(runtime.on_revoked)
     app.on_before_shutdown.connect(runtime.on_shutdown)
+    runtime.watch_coordination()
     # Also moves the commit limits on while no records arrive (commit_interval_s).
     tick_s = max(0.1, min(setting(settings, "commit_interval_s"), topology.checkpoint_interval_s / 2))
     app.timer(tick_s, name=f"{topology.name}-checkpoint")(
@@ -585,6 +599,48 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
 
 
 # -- sketch state in a user's own Faust app (grudge_stream.faust) ---------------------------------
+
+
+def coordination_failure(app: Any) -> str | None:
+    """Why the app consumer's group coordination ended for good, or None while it runs.
+
+    aiokafka runs the group membership (joins, heartbeats, assignments) as one task; an
+    error it does not expect ends that task (a static member whose rejoin met another
+    incarnation's assignment, say), and the consumer goes on fetching nothing, a member in
+    name only, for ever. aiokafka's private attributes, read only (pinned by
+    tests/unit/test_group_progress.py); a consumer not started yet or closing is None."""
+    consumer = getattr(app, "_consumer", None)  # never created here
+    inner = getattr(getattr(consumer, "_thread", None), "_consumer", None)
+    coordinator = getattr(inner, "_coordinator", None)
+    task = getattr(coordinator, "_coordination_task", None)
+    closing = getattr(coordinator, "_closing", None)
+    if task is None or not task.done() or (closing is not None and closing.done()):
+        return None
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return repr(exc) if exc is not None else "it returned"
+
+
+def watch_coordination(app: Any, failed: Callable[[WorkerFault], None], done: Callable[[], bool],
+                       every_s: float = COORDINATION_CHECK_S) -> threading.Thread:
+    """A thread that calls ``failed`` once (with one line's worth of reason) when ``app``'s
+    consumer group coordination has ended for good (``coordination_failure``), until
+    ``done()``. A thread, not a Faust timer: a member in that state may never start them."""
+    def watch() -> None:
+        while not done():
+            time.sleep(every_s)
+            failure = coordination_failure(app)
+            if failure is not None and not done():
+                failed(WorkerFault(
+                    f"the consumer's group coordination ended ({failure}): this member can neither hold "
+                    f"nor take partitions any more (a static member fenced by another with its "
+                    f"group_instance_id, say); ending the worker for a restart, without a snapshot"))
+                return
+
+    t = threading.Thread(target=watch, name="grudge-coordination-watch", daemon=True)
+    t.start()
+    return t
 
 
 class EmbeddedStateConsumer:
@@ -728,6 +784,21 @@ class FaustStates:
         app.on_partitions_revoked.connect(self.on_revoked)
         app.on_before_shutdown.connect(self.on_shutdown)
         app.timer(self.TICK_S, name="grudge-states-checkpoint")(self.tick)
+        self.fatal: WorkerFault | None = None
+        watch_coordination(app, self._coordination_ended, lambda: self.stopping or self.fatal is not None)
+
+    def _coordination_ended(self, exc: WorkerFault) -> None:
+        """The app's consumer is a member in name only: no state snapshots again (none may
+        cover what a fenced member did), and the app crashes (Faust's worker exits 1, a
+        fault its orchestrator restarts)."""
+        log.error("%s", exc)
+        self.fatal = exc
+        for state in list(self.states.values()):
+            core = getattr(state, "core", None)
+            if core is not None:
+                core.no_more_snapshots = True
+                core.metrics.consumer_fatal.inc()
+        asyncio.run_coroutine_threadsafe(self.app.crash(exc), self.app.loop)
 
     def add(self, state) -> None:
         if state.name in self.states:

@@ -397,3 +397,106 @@ def test_fault(cluster, harness_on, tmp_path, scenario: str, runtime: str) -> No
     res = run_scenario(harness_on, cluster, tmp_path, SCENARIOS[scenario], "batch" if eos else runtime, exactly_once=eos)
     report(f"{runtime} {scenario}", res)
     assert_survived(res, exactly_once=eos)
+
+
+# -- static membership: the group coordinator killed again and again ------------------------------
+
+class Supervisor:
+    """What the shipped manifests make Kubernetes do: a worker that exits is started again
+    (any code but 0: a StatefulSet restarts it), and so is one whose ``/live`` failed three
+    probes in a row (``failureThreshold: 3``, here every 2 s). It records every exit code,
+    every liveness restart, and the longest time a worker stayed alive without being ready
+    (a zombie stays so for ever)."""
+
+    def __init__(self, h, workers: dict[str, object]) -> None:
+        self.h, self.workers = h, workers
+        self.exits: list[int] = []
+        self.live_restarts = 0
+        self.longest_unready_s = 0.0
+        self._unready_since: dict[str, float | None] = {name: None for name in workers}
+        self._fails: dict[str, int] = {name: 0 for name in workers}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _restart(self, name: str) -> None:
+        old = self.workers[name]
+        self.workers[name] = self.h.start_worker(web_port=old.web_port, group_instance_id=name)
+        self._unready_since[name] = None
+        self._fails[name] = 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for name, w in list(self.workers.items()):
+                rc = w.proc.poll()
+                if rc is not None:
+                    self.exits.append(rc)
+                    self._restart(name)
+                    continue
+                if http_status(w.web_port, "/live") == 200:
+                    self._fails[name] = 0
+                else:
+                    self._fails[name] += 1
+                    if self._fails[name] >= 3 and http_status(w.web_port, "/live") is not None:
+                        w.kill9()
+                        self.live_restarts += 1
+                        self._restart(name)
+                        continue
+                if http_status(w.web_port, "/ready") == 200:
+                    self._unready_since[name] = None
+                else:
+                    since = self._unready_since[name] = self._unready_since[name] or now
+                    self.longest_unready_s = max(self.longest_unready_s, now - since)
+            self._stop.wait(2.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+@full_set
+def test_static_members_exactly_once_through_five_kills_of_the_quorum_leader(cluster, harness_on, tmp_path) -> None:
+    """Two exactly-once workers with static membership (as the shipped manifests run them)
+    while the quorum leader (group and transaction coordinator) is killed five times under
+    load. A fenced consumer is replaced in place, or its worker ends with the fault code and
+    is restarted: never exit code 2, never a worker alive and unready for good; 0 lost, 0
+    duplicated, 0 divergent."""
+    wait_in_sync(cluster)
+    h = harness_on(cluster.bootstrap, partitions=4, runtime="batch", emit_scores="every", session_timeout_s=10,
+                   heartbeat_interval_s=1, exactly_once="true", transaction_timeout_s=20, liveness_timeout_s=30,
+                   state_dir=str(tmp_path / "state"))
+    sup = None
+    try:
+        stream = h.make_events(30_000, seed=4040)
+        h.produce(stream[:4000])
+        workers = {name: h.start_worker(group_instance_id=name) for name in ("g0", "g1")}
+        h.wait_caught_up(timeout=120)
+        sup = Supervisor(h, workers)
+        feeder = feed(h, stream[4000:], seconds=120)
+        for _ in range(5):
+            time.sleep(3)
+            kill_quorum_leader(cluster, h)
+        feeder.join(400)
+        assert not feeder.is_alive() and len(h.producer) == 0, "the producer did not finish"
+        h.wait_caught_up(timeout=300)
+        deadline = time.monotonic() + 120
+        while not all(http_status(w.web_port, "/ready") == 200 for w in sup.workers.values()):
+            assert time.monotonic() < deadline, "workers not ready after the faults"
+            time.sleep(1)
+        sup.stop()
+        res = compare(h, read_committed=True)
+        logs = {name: w.log() for name, w in sup.workers.items()}
+        stops = {name: w.stop() for name, w in sup.workers.items()}
+        res.exits = f"exits={sup.exits} live_restarts={sup.live_restarts} stops={stops}"
+        report(f"batch-eos static-members kill-9-quorum-leader x5 (longest unready "
+               f"{sup.longest_unready_s:.0f}s)", res)
+        detail = "\n".join(log[-2000:] for log in logs.values())
+        assert 2 not in sup.exits and 2 not in stops.values(), f"{res.exits}\n{detail}"
+        assert all(rc == 0 for rc in stops.values()), f"{res.exits}\n{detail}"
+        assert sup.longest_unready_s < 180, f"a worker stayed unready {sup.longest_unready_s:.0f}s\n{detail}"
+        assert res.lost == 0 and res.div == 0 and res.dup == 0, f"{res.row('')}\n{detail}"
+    finally:
+        if sup is not None:
+            sup.stop()
+        h.close()
