@@ -110,12 +110,17 @@ bench-kafka: install
 # .cache/peers on first use, runs them against a broker of its own, then draws docs/peers-*.png.
 PEERS_ARGS   ?= --sizes 10000:500000 --runs 3
 PEERS_BROKER := $(CURDIR)/.cache/peers/kafka
+# The results file the run writes and the plots read (one entry per keys:events size).
+PEERS_OUT    ?= $(CURDIR)/.cache/peers/results.json
 bench-peers: install
 	@export KAFKA_BOOTSTRAP_SERVERS=$$($(RUN_INSTALLED) grudge_devkafka start --dir "$(PEERS_BROKER)"); \
 	status=0; (cd / && "$(CURDIR)/$(BIN)/python" "$(CURDIR)/benchmarks/peers/run_peers.py" \
-	  --broker-data-dir "$(PEERS_BROKER)/data" $(PEERS_ARGS)) || status=1; \
+	  --broker-data-dir "$(PEERS_BROKER)/data" --out "$(PEERS_OUT)" $(PEERS_ARGS)) || status=1; \
 	$(RUN_INSTALLED) grudge_devkafka stop --dir "$(PEERS_BROKER)" >/dev/null 2>&1; \
-	[ $$status = 0 ] && .cache/peers/quix-venv/bin/python benchmarks/peers/plot_peers.py; exit $$status
+	if [ $$status = 0 ]; then \
+	  "$(CURDIR)/.cache/peers/quix-venv/bin/python" "$(CURDIR)/benchmarks/peers/plot_peers.py" \
+	    --results "$(PEERS_OUT)" --outdir "$(CURDIR)/docs" || status=1; \
+	fi; exit $$status
 
 broker-start: install
 	$(RUN_INSTALLED) grudge_devkafka start

@@ -39,29 +39,48 @@ def restart(size: dict, system: str, phase: str):
     return statistics.median(v) if v else None
 
 
+def sized(doc: dict) -> list[tuple[str, dict]]:
+    """The sizes in order of keys, then events (entries are "keys:events"; older files "keys")."""
+    return sorted(doc["sizes"].items(), key=lambda kv: (kv[1]["keys"], kv[1]["events"]))
+
+
 def series(doc: dict, metric, systems) -> dict:
     out: dict = {}
-    for sk, size in sorted(doc["sizes"].items(), key=lambda kv: int(kv[0])):
+    for sk, size in sized(doc):
         for s, m in size["summary"].items():
             if s in systems and isinstance(m, dict):
                 v = metric(m) if not callable(getattr(metric, "by_size", None)) else metric.by_size(size, s)
                 if v is not None:
-                    out.setdefault(s, []).append((int(sk), v))
+                    out.setdefault(s, []).append((size["keys"], size["events"], v))
     return out
 
 
 def draw(doc: dict, metric, ylabel: str, title: str, path: Path, logy: bool = True, extra=None) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.6), dpi=110)
+    hollow = False
     for s, pts in series(doc, metric, LABELS).items():
-        xs, ys = zip(*pts)
-        line, = ax.plot(xs, ys, STYLE.get(s, "o-"), label=LABELS[s])
+        # One line through the first size of each key count; a second size with the same keys
+        # (more events per key) is a hollow marker above it.
+        first: dict[int, float] = {}
+        more: list[tuple[int, float]] = []
+        for k, _, v in pts:
+            (more.append((k, v)) if k in first else first.__setitem__(k, v))
+        line, = ax.plot(list(first), list(first.values()), STYLE.get(s, "o-"), label=LABELS[s])
         COLORS[s] = line.get_color()
+        if more:
+            ax.plot(*zip(*more), STYLE.get(s, "o-")[0], mfc="none", ms=9, linestyle="none", color=COLORS[s])
+            hollow = True
+    if hollow:
+        ax.plot([], [], "o", mfc="none", color="gray", linestyle="none", label="hollow: same keys, more events")
     if extra:
         extra(ax)
     ax.set_xscale("log")
-    ticks = sorted((int(sk), size) for sk, size in doc["sizes"].items())
-    ax.set_xticks([k for k, _ in ticks])
-    ax.set_xticklabels([f"{k:,} keys\n{size['events'] / 1e6:g}M events" for k, size in ticks], fontsize=8)
+    ticks: dict[int, list[float]] = {}
+    for _, size in sized(doc):
+        ticks.setdefault(size["keys"], []).append(size["events"] / 1e6)
+    ax.set_xticks(list(ticks))
+    ax.set_xticklabels([f"{k:,} keys\n{' / '.join(f'{e:g}' for e in ev)}M events" for k, ev in ticks.items()],
+                       fontsize=8)
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel("key universe of the topic (and its event count)")
@@ -85,7 +104,7 @@ def table(doc: dict) -> None:
           "peak RSS MiB | local state MiB | changelog / snapshot MiB | restart, state kept (s) | "
           "restart, state lost (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for sk, size in sorted(doc["sizes"].items(), key=lambda kv: int(kv[0])):
+    for sk, size in sized(doc):
         for s in LABELS:
             m = size["summary"].get(s)
             if not m:
@@ -100,7 +119,7 @@ def table(doc: dict) -> None:
     print("| distinct keys | system | raised | exact raised | common | precision | recall | extra | missed | "
           "delay, source offsets (median / max) | delay, event-time ms (median / max) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for sk, size in sorted(doc["sizes"].items(), key=lambda kv: int(kv[0])):
+    for sk, size in sized(doc):
         ref = size["summary"].get("agreement_vs")
         for s in LABELS:
             a = (size["summary"].get(s) or {}).get("agreement")
@@ -136,7 +155,7 @@ def main() -> int:
         for sk, size in same["sizes"].items():
             for s, m in size["summary"].items():
                 if s in LABELS and isinstance(m, dict) and m.get("hwm_kb"):
-                    ax.plot([int(sk)], [m["hwm_kb"] / 1024], STYLE[s][0], mfc="none", ms=10,
+                    ax.plot([size["keys"]], [m["hwm_kb"] / 1024], STYLE[s][0], mfc="none", ms=10,
                             color=COLORS.get(s), label=f"{LABELS[s]}, {size['events'] / 1e6:g}M events")
 
     draw(doc, lambda m: m["hwm_kb"] / 1024 if m.get("hwm_kb") else None, "peak RSS (MiB)",

@@ -436,10 +436,15 @@ def fmt(x, spec=",.0f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def size_key(keys: int, events: int) -> str:
+    """A size's entry in the results JSON: keys and events, so 10k x 0.5M and 10k x 10M are two."""
+    return f"{keys}:{events}"
+
+
 def summarize(all_res: dict, sizes, systems) -> dict:
     summary: dict = {}
     for keys, n in sizes:
-        sk = f"{keys}"
+        sk = size_key(keys, n)
         summary[sk] = {}
         for s in systems:
             rs = [r for r in all_res.get(sk, {}).get(s, []) if "rate" in r]
@@ -504,7 +509,7 @@ def main() -> int:
                          "compare at a million keys too (0: the plain generator)")
     ap.add_argument("--broker-data-dir", type=Path, required=True, help="the broker's log.dirs")
     ap.add_argument("--out", type=Path, default=CACHE / "results.json",
-                    help="results JSON (merged into an existing file: one entry per size)")
+                    help="results JSON (merged into an existing file: one entry per keys:events size)")
     args = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C, so every worker started here is killed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -533,7 +538,7 @@ def main() -> int:
         distinct = round(keys * (1 - (1 - 1 / keys) ** n))
         print(f"# {topic}: {n:,} events over {keys:,} keys (~{distinct:,} distinct) produced in "
               f"{time.time() - t0:.0f}s", flush=True)
-        sk = f"{keys}"
+        sk = size_key(keys, n)
         all_res[sk] = {s: [] for s in systems}
         for r in range(args.runs):
             for s in systems:
