@@ -157,7 +157,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
             f"source topic {topology.source_topic!r} exists with {n} partitions, not {args.partitions}: "
             "grudge-stream does not change a topic's partition count (keys would move between sketches; "
             "docs/checkpoints.md)")
-    rp = topology.extra.get("repartition")
+    rp = topology.repartition
     source = (topology.source_topic if rp is None
               else f"{rp.source_topic} (re-keyed by {rp.key_field!r} into {rp.topic})")
     print(f"{source}: {n} partitions; outputs {sorted(topology.outputs.values())}; "
@@ -192,7 +192,7 @@ def _time_bounds_line(topic: str, bounds: dict[str, str]) -> str:
 
 
 def _topology_topic_names(topology) -> list[str]:
-    rp = topology.extra.get("repartition")
+    rp = topology.repartition
     names = {topology.source_topic, topology.snapshot_topic, *topology.outputs.values()}
     if rp is not None:
         names |= {rp.source_topic, rp.topic}

@@ -46,65 +46,22 @@ from grudge_stream.liveness import Liveness
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.codec import BadRecord, EventCodec
 from grudge_stream.record_checks import MAX_TIMESTAMP_MS
-from grudge_stream.runtime.core import Transaction, TransactionStuck
-from grudge_stream.settings import Setting, setting
+from grudge_stream.kafka.transactions import Transaction, TransactionStuck
+from grudge_stream.settings import setting
+# The plan is part of the topology's spec; named here too, where the stage that runs it lives.
+from grudge_stream.topology import REPARTITION_MODES as MODES  # noqa: F401
+from grudge_stream.topology import REPARTITION_SETTING as SETTING  # noqa: F401
+from grudge_stream.topology import RepartitionPlan  # noqa: F401
+from grudge_stream.topology import repartition_plan as plan  # noqa: F401
 from grudge_stream.topics import ensure_repartition_topic  # noqa: F401  (its home is topics)
 
 log = logging.getLogger("grudge_stream.repartition")
 
-MODES = ("auto", "on", "off")
-SETTING = Setting("repartition", "choice", "auto",
-                  "key_field set: re-key the source by the field through the worker-managed topic "
-                  "<app_id>-repartition (auto: whenever key_field is set; off: the source is already "
-                  "partitioned by the field)", choices=MODES, state=True)
 # Delivery errors that no retry cures: the record itself is refused. They are dead-lettered;
 # every other failure (an outage, a timeout) re-sends the batch.
 _RECORD_ERRORS = ("MSG_SIZE_TOO_LARGE", "INVALID_RECORD", "INVALID_TIMESTAMP", "CORRUPT_MESSAGE",
                   "RECORD_LIST_TOO_LARGE")
 _BACKOFF_MAX_S = 30.0
-
-
-@dataclass(frozen=True)
-class RepartitionPlan:
-    """Where the stage reads and writes; ``Topology.extra["repartition"]`` of a re-keyed topology."""
-
-    source_topic: str  # the topic producers write (keyed by anything)
-    topic: str  # <app_id>-repartition: keyed by the field, read by the operators
-    group: str  # the stage's consumer group
-    app_id: str
-    operator_id: str
-    key_field: str
-    dead_letter_topic: str
-    max_key_bytes: int = 1024
-    allow_empty_keys: bool = False
-
-    def codec(self) -> EventCodec:
-        return EventCodec(key_field=self.key_field, value_field=None, max_key_bytes=self.max_key_bytes,
-                          allow_empty_keys=self.allow_empty_keys)
-
-
-def plan(settings: Any, *, source: str, operator_id: str, key_field: str | None,
-         dead_letter_topic: str) -> RepartitionPlan | None:
-    """The topology's repartition plan, or None when the operators read ``source`` directly.
-
-    The app id is fixed here (``app_id`` or ``grudge-<operator_id>-<source>``, the default of
-    an un-repartitioned topology) so the topic name does not depend on itself."""
-    mode = settings.get("repartition", "auto")
-    if mode not in MODES:
-        raise ConfigError(f"setting 'repartition' must be one of {', '.join(MODES)}, got {mode!r}")
-    if key_field is None:
-        if mode == "on":
-            raise ConfigError("repartition=on needs key_field: without it the record key is the key, "
-                              "and the source is partitioned by it already")
-        return None
-    if mode == "off":
-        return None
-    app_id = setting(settings, "app_id") or f"grudge-{operator_id}-{source}"
-    n = setting(settings, "max_key_bytes")
-    return RepartitionPlan(source_topic=source, topic=f"{app_id}-repartition", group=f"{app_id}-repartition",
-                           app_id=app_id, operator_id=operator_id, key_field=key_field,
-                           dead_letter_topic=dead_letter_topic, max_key_bytes=n,
-                           allow_empty_keys=setting(settings, "allow_empty_keys"))
 
 
 _json_decode = json.JSONDecoder().decode
@@ -468,7 +425,7 @@ def start_stage(topology: Any, settings: Any, *, metrics: Any = None, liveness: 
 
     Checks its topics first, in the caller's thread: a missing or mis-sized one is a
     ``ConfigError`` (one line, exit 2), not a background thread retrying for ever."""
-    plan_ = topology.extra.get("repartition")
+    plan_ = topology.repartition
     if plan_ is None:
         return None
     ensure_repartition_topic(plan_, settings.bootstrap_servers, client_config=client_config, create=False)

@@ -15,7 +15,7 @@ from grudge_stream.overrides import ALERT_STATE_TOPIC_CONFIG, OVERRIDES_TOPIC_CO
 from grudge_stream.topology import Topology
 
 if TYPE_CHECKING:
-    from grudge_stream.repartition import RepartitionPlan
+    from grudge_stream.topology import RepartitionPlan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -229,7 +229,7 @@ def ensure_topology_topics(topology: Topology, bootstrap_servers: str, *, partit
 
     ``timestamp_bounds``: a source topic created here gets ``source_topic_config`` (what
     ``grudge-stream topics`` and ``worker --create-source`` do)."""
-    rp = topology.extra.get("repartition")
+    rp = topology.repartition
     if rp is not None:
         # Re-keyed by a field: the source producers write, and the repartition topic the
         # operators read (its source_topic), with the source's partition count.

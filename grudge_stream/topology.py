@@ -19,13 +19,65 @@ from typing import Any, Callable
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator, OperatorContext
-from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Settings, setting
+from grudge_stream.operators.codec import EventCodec
+from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Setting, Settings, setting
 
 log = logging.getLogger("grudge_stream.runtime")
 
-__all__ = ["Settings", "Topology", "load_topology", "topology_names", "operator_settings", "codec_settings"]
+__all__ = ["Settings", "Topology", "RepartitionPlan", "load_topology", "topology_names", "operator_settings", "codec_settings"]
 
 RESTORE_FALLBACKS = ("replay", "fail")
+
+# -- the repartition plan: a topology keyed by a field re-keys its source through a topic ---------
+
+REPARTITION_MODES = ("auto", "on", "off")
+REPARTITION_SETTING = Setting("repartition", "choice", "auto",
+                  "key_field set: re-key the source by the field through the worker-managed topic "
+                  "<app_id>-repartition (auto: whenever key_field is set; off: the source is already "
+                  "partitioned by the field)", choices=REPARTITION_MODES, state=True)
+
+
+@dataclass(frozen=True)
+class RepartitionPlan:
+    """Where the stage reads and writes; ``Topology.repartition`` of a re-keyed topology."""
+
+    source_topic: str  # the topic producers write (keyed by anything)
+    topic: str  # <app_id>-repartition: keyed by the field, read by the operators
+    group: str  # the stage's consumer group
+    app_id: str
+    operator_id: str
+    key_field: str
+    dead_letter_topic: str
+    max_key_bytes: int = 1024
+    allow_empty_keys: bool = False
+
+    def codec(self) -> EventCodec:
+        return EventCodec(key_field=self.key_field, value_field=None, max_key_bytes=self.max_key_bytes,
+                          allow_empty_keys=self.allow_empty_keys)
+
+
+def repartition_plan(settings: Any, *, source: str, operator_id: str, key_field: str | None,
+         dead_letter_topic: str) -> RepartitionPlan | None:
+    """The topology's repartition plan, or None when the operators read ``source`` directly.
+
+    The app id is fixed here (``app_id`` or ``grudge-<operator_id>-<source>``, the default of
+    an un-repartitioned topology) so the topic name does not depend on itself."""
+    mode = settings.get("repartition", "auto")
+    if mode not in REPARTITION_MODES:
+        raise ConfigError(f"setting 'repartition' must be one of {', '.join(REPARTITION_MODES)}, got {mode!r}")
+    if key_field is None:
+        if mode == "on":
+            raise ConfigError("repartition=on needs key_field: without it the record key is the key, "
+                              "and the source is partitioned by it already")
+        return None
+    if mode == "off":
+        return None
+    app_id = setting(settings, "app_id") or f"grudge-{operator_id}-{source}"
+    n = setting(settings, "max_key_bytes")
+    return RepartitionPlan(source_topic=source, topic=f"{app_id}-repartition", group=f"{app_id}-repartition",
+                           app_id=app_id, operator_id=operator_id, key_field=key_field,
+                           dead_letter_topic=dead_letter_topic, max_key_bytes=n,
+                           allow_empty_keys=setting(settings, "allow_empty_keys"))
 
 
 def operator_settings(settings: Settings, topology: str, hashed: bool = True) -> dict[str, Any]:
@@ -66,6 +118,9 @@ class Topology:
     restore_fallback: str = "replay"
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # A topology keyed by a field: the stage that re-keys the source into the topic the
+    # operators read (grudge_stream.repartition); None = the operators read the source.
+    repartition: RepartitionPlan | None = None
     app_id: str = ""  # consumer group / Faust app id; "" = grudge-<operator_id>-<source_topic>
     reset_state: bool = False  # adopt changed state-shaping settings by replaying (docs/runtime.md)
     # Manual allow / deny entries (grudge_stream.overrides); "" = derived from the alerts (or

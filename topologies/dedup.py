@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
-from grudge_stream.repartition import SETTING as REPARTITION
-from grudge_stream.repartition import plan as repartition_plan
+from grudge_stream.topology import REPARTITION_SETTING as REPARTITION
+from grudge_stream.topology import repartition_plan
 from grudge_stream.settings import Setting, identity
 from grudge_stream.sketches.bloom_config import OVERLOAD_MODES, BloomConfig
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
@@ -79,6 +79,6 @@ def build(settings: Settings) -> Topology:
         checkpoint_interval_s=settings["checkpoint_interval_s"],
         restore_fallback=settings["restore_fallback"],
         description="streaming dedup with a forgetting Bloom filter",
-        extra={"repartition": rp} if rp is not None else {},
+        repartition=rp,
         app_id=rp.app_id if rp is not None else "",
     )

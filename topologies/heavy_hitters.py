@@ -21,8 +21,8 @@ from typing import Any, Mapping
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.heavy import HeavyHitterOperator
 from grudge_stream.sketches.countmin_config import CountMinConfig
-from grudge_stream.repartition import SETTING as REPARTITION
-from grudge_stream.repartition import plan as repartition_plan
+from grudge_stream.topology import REPARTITION_SETTING as REPARTITION
+from grudge_stream.topology import repartition_plan
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.settings import Setting, identity, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
@@ -94,6 +94,6 @@ def build(settings: Settings) -> Topology:
         checkpoint_interval_s=settings["checkpoint_interval_s"],
         restore_fallback=settings["restore_fallback"],
         description="decayed heavy hitters with alerts and top-k reports",
-        extra={"repartition": rp} if rp is not None else {},
+        repartition=rp,
         app_id=rp.app_id if rp is not None else "",
     )

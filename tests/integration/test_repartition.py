@@ -53,7 +53,7 @@ class Env:
         }
         self.topology = load_topology("dedup", Settings({**self.overrides, "bootstrap_servers": bootstrap},
                                                         environ={}))
-        self.plan = self.topology.extra["repartition"]
+        self.plan = self.topology.repartition
         ensure_topology_topics(self.topology, bootstrap, partitions=PARTITIONS, create_source=True)
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
         self.procs: list[tuple[subprocess.Popen, Path]] = []

@@ -36,7 +36,7 @@ def test_plan_modes() -> None:
 @pytest.mark.parametrize("name", ["dedup", "known_keys"])
 def test_topology_reads_the_repartition_topic_keyed_by_the_field(name) -> None:
     t = load_topology(name, settings(key_field="id", app_id="app", source_topic="in"))
-    rp = t.extra["repartition"]
+    rp = t.repartition
     assert t.source_topic == rp.topic == "app-repartition" and rp.source_topic == "in" and t.app_id == "app"
     op = t.make_operator(0)
     assert op.source_topic == "app-repartition" and op.codec.key_field is None  # the record key is the id
@@ -48,7 +48,7 @@ def test_topology_reads_the_repartition_topic_keyed_by_the_field(name) -> None:
 
 def test_heavy_hitters_key_field() -> None:
     t = load_topology("heavy_hitters", settings(key_field="ip", encoding="json", source_topic="in"))
-    assert t.extra["repartition"].key_field == "ip" and t.source_topic.endswith("-repartition")
+    assert t.repartition.key_field == "ip" and t.source_topic.endswith("-repartition")
     with pytest.raises(ConfigError, match="encoding=json"):
         load_topology("heavy_hitters", settings(key_field="ip"))
 
