@@ -15,7 +15,10 @@ It also records the worker's exits, every ``/ready`` transition and the longest 
 arrivals on the scores topic while traffic flows (the output stall).
 
 ``make test`` runs the short scenario (a rolling restart, then one broker down, batch
-runtime); ``make test-faults`` (``GRUDGE_FAULTS=1``) runs the full set in both runtimes.
+runtime) and one kill -9 scenario per runtime (the quorum leader under the batch runtime with
+and without exactly-once, the snapshot partition's leader under Faust); ``make test-faults``
+(``GRUDGE_FAULTS=1``) runs the full set in every runtime, and two exactly-once workers with
+static membership through five kills of the quorum leader.
 """
 from __future__ import annotations
 
@@ -389,9 +392,15 @@ SCENARIOS = {
 }
 
 
-@full_set
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-@pytest.mark.parametrize("runtime", ["batch", "faust", "batch-eos"])
+# `make test` (and so CI) runs one kill -9 scenario per runtime; `make test-faults` all of them.
+IN_MAKE_TEST = {("kill-9-quorum-leader", "batch"), ("kill-9-quorum-leader", "batch-eos"),
+                ("kill-9-snapshot-leader", "faust")}
+CASES = [pytest.param(scenario, runtime, id=f"{scenario}-{runtime}",
+                      marks=() if (scenario, runtime) in IN_MAKE_TEST else (full_set,))
+         for runtime in ("batch", "faust", "batch-eos") for scenario in SCENARIOS]
+
+
+@pytest.mark.parametrize("scenario, runtime", CASES)
 def test_fault(cluster, harness_on, tmp_path, scenario: str, runtime: str) -> None:
     eos = runtime == "batch-eos"
     res = run_scenario(harness_on, cluster, tmp_path, SCENARIOS[scenario], "batch" if eos else runtime, exactly_once=eos)
