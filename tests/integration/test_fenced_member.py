@@ -147,15 +147,24 @@ def test_faust_worker_fenced_ends_with_the_fault_code(harness) -> None:
     a.wait_ready()
     h.wait_caught_up()
     b = h.start_worker(group_instance_id="f0")
-    deadline = time.monotonic() + 90
+    started = time.monotonic()
+    deadline = started + 90
+    samples: list[tuple[float, tuple, tuple]] = []
     while a.proc.poll() is None and b.proc.poll() is None and time.monotonic() < deadline:
+        samples.append((time.monotonic() - started, (http(a.web_port, "/ready")[0], http(a.web_port, "/live")[0]),
+                        (http(b.web_port, "/ready")[0], http(b.web_port, "/live")[0])))
         time.sleep(0.5)
+    ended_after = time.monotonic() - started
     ended = [w for w in (a, b) if w.proc.poll() is not None]
     assert len(ended) == 1, f"expected one fenced incarnation to end: {a.log()[-3000:]}\n{b.log()[-3000:]}"
     gone = ended[0]
     survivor = b if gone is a else a
     assert gone.proc.returncode == EXIT_FAULT, gone.log()[-4000:]
     assert "group coordination ended" in gone.log()
+    # Never a member in name only for long: it ended within the liveness bound (60 s) of
+    # the other incarnation's start, and /live answered 200 on both until then.
+    assert ended_after < 60, (ended_after, samples[-5:])
+    assert all(sa[1] in (200, None) and sb[1] in (200, None) for _, sa, sb in samples), samples
     second = h.make_events(3000, seed=22, start_ms=first[-1][2] + 1)
     h.produce(second)
     survivor.wait_ready(timeout=120)
