@@ -43,7 +43,6 @@ they go to the operators in one call per partition.
 """
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -55,6 +54,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from grudge_stream.exceptions import EXIT_FAULT, CheckpointError, ConfigError, DeliveryError, WorkerFault, exit_code
 from grudge_stream.serving import QueryGate
+from grudge_stream.serving.http import WorkerHTTP
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
@@ -581,7 +581,7 @@ class BatchWorker(WorkerCore):
         return parts
 
     def _start_http(self) -> None:
-        worker = self
+        api = WorkerHTTP(self, gate=getattr(self, "query_gate", None))
 
         class Handler(BaseHTTPRequestHandler):
             # Keep-alive: the other workers' forwards (serving.PeerConnections) and clients that
@@ -592,15 +592,10 @@ class BatchWorker(WorkerCore):
                 # A GET never reads a body: one sent anyway ends the connection after the answer.
                 self._unread = 1 if (self.headers.get("Content-Length") or "0").strip() != "0" or \
                     self.headers.get("Transfer-Encoding") else 0
-                if self.path.startswith("/ready"):
-                    status, ready = worker.ready_status()
-                    self._send(status, json.dumps(ready).encode(), "application/json")
-                elif self.path.startswith("/live"):
-                    status, live = worker.liveness.status()
-                    self._send(status, json.dumps(live).encode(), "application/json")
-                elif self.path.startswith("/metrics"):
-                    self._send(200, worker.metrics.render(), "text/plain; version=0.0.4")
-                elif self.path.startswith("/v1/score"):
+                health = api.health(self.path)
+                if health is not None:
+                    self._send(health.status, health.body, health.content_type)
+                elif api.is_score(self.path):
                     self._score(b"")
                 else:
                     self._send(404, b"not found\n", "text/plain")
@@ -629,23 +624,17 @@ class BatchWorker(WorkerCore):
             def _score(self, body) -> None:
                 t0 = time.perf_counter()
                 path, _, query = self.path.partition("?")
-                queries, peer = worker.queries, self.client_address[0]
-                client, parsed = queries.admit(self.headers, peer)
+                peer = self.client_address[0]
+                client, answer = api.admit(self.headers, peer)
                 if client is not None:
                     # The body is read only once the token is checked, and before the request
                     # holds the query gate; so is the answer written: a slow client holds no
                     # one up. The work in between runs ahead of the consume loop.
                     data = body() if callable(body) else body
-                    with worker.query_gate.serving():
-                        parsed = queries.prepare(self.command, path, query, data, self.headers, peer, client)
-                        if not isinstance(parsed[0], int):
-                            parsed = queries.answer(*parsed)  # type: ignore[misc]
-                        payload = json.dumps(parsed[1]).encode()
-                else:
-                    payload = json.dumps(parsed[1]).encode()
-                status, _, headers = parsed  # type: ignore[misc]
-                self._send(status, payload, "application/json", headers)
-                worker.metrics.query_answered(status, time.perf_counter() - t0)
+                    answer = api.score(self.command, path, query, data, self.headers, peer, client)
+                assert answer is not None
+                self._send(answer.status, answer.body, answer.content_type, dict(answer.headers))
+                api.answered(answer, t0)
 
             def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None,
                       close: bool = False) -> None:

@@ -51,7 +51,7 @@ from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.runtime.core import WorkerCore
-from grudge_stream.serving import LOOP_SLICE
+from grudge_stream.serving.http import WorkerHTTP
 from grudge_stream.settings import setting
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
@@ -534,52 +534,31 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     app.timer(tick_s, name=f"{topology.name}-checkpoint")(
         runtime.checkpoint_tick)
 
-    @app.page("/ready")
-    async def ready(web, request):
-        status, body = runtime.ready_status()
-        return web.json(body, status=status)
+    api = WorkerHTTP(runtime)
 
-    @app.page("/live")
-    async def live(web, request):
-        status, body = runtime.liveness.status()
-        return web.json(body, status=status)
+    def respond(web, answer):
+        return web.bytes(answer.body, content_type=answer.content_type, status=answer.status,
+                         headers=dict(answer.headers) or None)
 
-    @app.page("/metrics")
-    async def metrics(web, request):
-        return web.bytes(runtime.metrics.render(), content_type="text/plain; version=0.0.4")
+    class HealthView(View):
+        async def get(self, request):
+            return respond(self, api.health(request.path))
+
+    for path in ("/ready", "/live", "/metrics"):
+        app.page(path)(type(f"HealthView{path[1:].title()}", (HealthView,), {}))
 
     async def score_query(web, request):
-        """Live score queries (grudge_stream.serving): local reads here, on the loop, between
+        """Live score queries (grudge_stream.serving.http): local reads on the loop, between
         batches; forwards from an executor thread."""
         t0 = time.perf_counter()
-        queries = runtime.queries
-        client, parsed = queries.admit(request.headers, getattr(request, "remote", None) or "")
+        peer = getattr(request, "remote", None) or ""
+        client, answer = api.admit(request.headers, peer)
         if client is not None:  # the body is read only once the token is checked
             body = await request.read() if request.method == "POST" else b""
-            parsed = queries.prepare(request.method, request.path, request.query_string, body, request.headers,
-                                     client=client)
-        if isinstance(parsed[0], int):
-            status, doc, headers = parsed
-        else:
-            keys, forward, single = parsed
-            # The forwards go out first (from an executor thread); the local reads run on the
-            # loop in slices, yielding between them: a 1000-key request never holds the loop
-            # (and the records waiting on it) for the whole read.
-            results: list = [None] * len(keys)
-            local: dict = {}
-            remote: dict = {}
-            n = queries.route(keys, forward, 0, len(keys), results, local, remote)
-            pending = (asyncio.get_running_loop().run_in_executor(None, queries.remote_part, keys, remote)
-                       if remote else None)
-            for p, idxs in local.items():
-                for lo in range(0, len(idxs), LOOP_SLICE):
-                    queries.read_partition(keys, p, n, idxs[lo:lo + LOOP_SLICE], results)
-                    await asyncio.sleep(0)
-            fwd = await pending if pending is not None else {}
-            status, doc, headers = queries.combine(results, fwd, single)
-        response = web.json(doc, status=status, headers=headers or None)
-        runtime.metrics.query_answered(status, time.perf_counter() - t0)
-        return response
+            answer = await api.score_on_loop(request.method, request.path, request.query_string, body,
+                                             request.headers, peer, client)
+        api.answered(answer, t0)
+        return respond(web, answer)
 
     class ScoreView(View):
         async def get(self, request):
