@@ -61,7 +61,7 @@ test: install deploy-tools release-venvs
 	$(BIN)/pytest
 
 # The last release, built from its release commit into .cache/grudge-0.2.0-venv (git-ignored) the
-# first time (about two minutes: pip compiles its Cython kernels), kept after that; the rolling
+# first time (pip compiles its Cython kernels: 8 minutes on a busy 2-core machine), kept after that; the rolling
 # upgrade test (tests/integration/test_upgrade.py) starts its workers. Status 3 from the tool: the
 # commit is not in this clone (a shallow one), and that test skips saying so.
 release-venvs: install

@@ -289,13 +289,14 @@ def test_a_current_worker_resumes_from_0_2_0_snapshots(kafka_bootstrap: str, tmp
 @pytest.fixture(scope="session")
 def release_0_2_0() -> Path:
     """The bin directory of a venv holding the released 0.2.0 (tools/release_venv.py: kept under
-    .cache/, built on first use, a couple of minutes; ``make test`` builds it beforehand)."""
+    .cache/ and built on first use: pip compiles its Cython kernels, 8 minutes on a busy 2-core
+    machine; ``make test`` builds it beforehand, and later sessions find it in 0.3 s)."""
     t0 = time.monotonic()
     try:
         done = subprocess.run([sys.executable, str(ROOT / "tools" / "release_venv.py"), "0.2.0"],
-                              capture_output=True, text=True, timeout=900, cwd=str(ROOT))
+                              capture_output=True, text=True, timeout=1200, cwd=str(ROOT))
     except subprocess.TimeoutExpired:
-        pytest.fail("building the 0.2.0 release venv took more than 900 s")
+        pytest.fail("building the 0.2.0 release venv took more than 1200 s")
     if done.returncode == 3:
         pytest.skip(f"the 0.2.0 release commit is not in this repository: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr[-3000:]
