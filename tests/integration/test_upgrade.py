@@ -309,7 +309,7 @@ def release_0_2_0() -> Path:
 @pytest.mark.slow
 def test_rolling_upgrade_from_0_2_0_under_load(harness, release_0_2_0: Path) -> None:
     h = harness(runtime="batch", session_timeout_s=10, heartbeat_interval_s=1)
-    events = h.make_events(60_000, seed=20)
+    events = h.make_events(60_000, seed=20, abusers=40)
     h.produce(events[:6_000])
 
     def start_old():
@@ -329,7 +329,10 @@ def test_rolling_upgrade_from_0_2_0_under_load(harness, release_0_2_0: Path) -> 
     traffic = h.produce_in_background(events[6_000:], seconds=40)
     time.sleep(8)
     new = []
+    mixed = 0
     for w in old:  # one at a time, as a Deployment's rolling update does
+        if new:  # a current worker and a 0.2.0 one in one group, each holding partitions
+            mixed = new[0].log().count("mode=snapshot")
         assert w.stop() == 0, w.log()[-3000:]
         new.append(h.start_worker())
         new[-1].wait_ready()
@@ -349,6 +352,7 @@ def test_rolling_upgrade_from_0_2_0_under_load(harness, release_0_2_0: Path) -> 
     # The current workers took over partitions from 0.2.0 snapshots.
     adopted = sum(w.log().count("mode=snapshot") for w in new)
     print(f"rolling upgrade: {len(events)} events, {len(want)} alerts, lost {len(lost)}, extra {len(extra)}, "
-          f"divergent partitions {divergent}, restores from snapshots by the new workers {adopted}")
-    assert adopted > 0
+          f"divergent partitions {divergent}, restores from snapshots by the new workers {adopted} "
+          f"({mixed} beside a 0.2.0 worker)")
+    assert mixed > 0 and adopted > mixed
     assert not lost and not extra and not divergent, (sorted(lost)[:5], sorted(extra)[:5], divergent)
