@@ -68,7 +68,9 @@ def build(version: str, python: str = sys.executable, quiet: bool = True) -> Pat
         tmp_tar = Path(src) / "src.tar"
         tmp_tar.write_bytes(archive)
         with tarfile.open(tmp_tar) as tf:
-            tf.extractall(Path(src) / "tree", filter="data")
+            # The "data" filter where this Python has it (3.10.12+, 3.11.4+); git's own archive either way.
+            kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tf.extractall(Path(src) / "tree", **kw)
         q = ["-q"] if quiet else []
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", *q, str(Path(src) / "tree")],
