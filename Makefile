@@ -8,13 +8,15 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-faults test-unit example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs typecheck test-pythons
+.PHONY: help install test test-faults test-unit release-venvs upgrade-fixture example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs typecheck test-pythons
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV) and the pinned deploy tools, start a local Kafka broker, run pytest"
 	@echo "make demo          local broker + abuse-score worker + traffic; prints the alerts as they arrive"
 	@echo "make example       the example gateway (examples/gateway): a client blocked, forgiven, denied by hand"
 	@echo "make test-unit     unit/property/golden tests only (no broker)"
+	@echo "make release-venvs the released 0.2.0 in .cache/grudge-0.2.0-venv, built from its release commit (the upgrade tests run it)"
+	@echo "make upgrade-fixture rewrite tests/data/upgrade-0.2.0 with 0.2.0 workers on a broker of its own"
 	@echo "make test-faults   the full broker-fault set on a three-node cluster, both runtimes (long)"
 	@echo "make test-pythons  the unit, property and golden tests on the oldest and newest supported Pythons (PYTHONS=...)"
 	@echo "make bench         sketch benchmarks (hashing, ScoreSketch, DecayingCountMin, ForgettingBloom)"
@@ -54,9 +56,24 @@ $(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
 
 # pytest's session fixture starts and stops the broker (KAFKA_BOOTSTRAP_SERVERS, testcontainers
 # or the local jars, in that order); fetching the jars first keeps the download out of test time.
-test: install deploy-tools
+test: install deploy-tools release-venvs
 	$(RUN_INSTALLED) grudge_devkafka jars
 	$(BIN)/pytest
+
+# The last release, built from its release commit into .cache/grudge-0.2.0-venv (git-ignored) the
+# first time (pip compiles its Cython kernels: 8 minutes on a busy 2-core machine), kept after that; the rolling
+# upgrade test (tests/integration/test_upgrade.py) starts its workers. Status 3 from the tool: the
+# commit is not in this clone (a shallow one), and that test skips saying so.
+release-venvs: install
+	@$(BIN)/python tools/release_venv.py 0.2.0 >/dev/null || [ $$? = 3 ]
+
+# tests/data/upgrade-0.2.0: state written by 0.2.0 workers (tools/make_upgrade_fixture.py says what).
+FIXTURE_BROKER := $(CURDIR)/.cache/kafka/upgrade-fixture
+upgrade-fixture: release-venvs
+	@export KAFKA_BOOTSTRAP_SERVERS=$$($(RUN_INSTALLED) grudge_devkafka start --dir "$(FIXTURE_BROKER)"); \
+	status=0; (cd / && "$(CURDIR)/.cache/grudge-0.2.0-venv/bin/python" "$(CURDIR)/tools/make_upgrade_fixture.py" \
+	  --out "$(CURDIR)/tests/data/upgrade-0.2.0") || status=1; \
+	$(RUN_INSTALLED) grudge_devkafka stop --dir "$(FIXTURE_BROKER)" >/dev/null 2>&1; exit $$status
 
 # The full fault set of tests/integration/test_cluster_faults.py (make test runs its short part).
 test-faults: install
