@@ -26,6 +26,20 @@ def km_index(h: int, i: int, m: int) -> int:
     return ((h1 + i * h2) & 0xFFFFFFFF) % m
 
 
+def independent_index(h: int, i: int, m: int) -> int:
+    """Level i from its own 32 bits: word 0 is h, word j >= 1 is splitmix64 output j - 1
+    from state h (``splitmix64(h + (j - 1) * GOLDEN)``); level i takes the low half of
+    word i // 2 for even i, its high half for odd i, reduced as (x * m) >> 32."""
+    j = i // 2
+    word = h if j == 0 else splitmix64((h + (j - 1) * GOLDEN) & MASK64)
+    x = (word >> (32 * (i & 1))) & 0xFFFFFFFF
+    return (x * m) >> 32
+
+
+def level_index(scheme: str, h: int, i: int, m: int) -> int:
+    return independent_index(h, i, m) if scheme == "independent" else km_index(h, i, m)
+
+
 def decay(kind: str, param: float, s: float, last: int, now: int) -> float:
     """The spec's decay of one cell from `last` to `now` (dt = max(0, now - last))."""
     dt = now - last
@@ -67,6 +81,7 @@ class RefConfig:
     aggregator: str
     hasher: str
     seed: int
+    index_scheme: str = "independent"
 
     @classmethod
     def of(cls, cfg) -> "RefConfig":
@@ -82,6 +97,7 @@ class RefConfig:
             cfg.aggregator,
             cfg.hasher,
             cfg.seed,
+            cfg.index_scheme,
         )
 
 
@@ -103,7 +119,8 @@ class RefTable:
         return s
 
     def indexes(self, h: int) -> List[int]:
-        return [km_index(h, i, self.cfg.cells_per_level) for i in range(self.cfg.levels)]
+        return [level_index(self.cfg.index_scheme, h, i, self.cfg.cells_per_level)
+                for i in range(self.cfg.levels)]
 
     def _stamp(self, i: int, j: int, now: int) -> None:
         if now > self.last[i][j]:
