@@ -10,8 +10,9 @@ Run it against the installed package (not the source tree), on a quiet machine.
 --vs-cltds: only the side-by-side of `query_many` on the pre-hashed ids against the
 CL-TDS query loop (the Rust crate DecayingCountMin is modelled on), on the same ids in
 the same run: builds benchmarks/cltds (cargo build --release), writes the ids there
-(target/), fills both sketches with one increment per id, then --runs rounds, each
-timing one pass of both (order alternating), after an untimed pass of each. Without
+(target/), fills the sketches with one increment per id (DecayingCountMin under each
+index scheme, independent and km), then --runs rounds, each timing one pass of the
+three (order rotating), after an untimed pass of each. Without
 --cltds-src the harness times its re-implementation of the crate's loop (crates.io as
 reachable here has no cl-tds); with --cltds-src DIR it builds against the crate's
 source tree in DIR (a checkout of cl-tds 0.0.1).
@@ -68,10 +69,13 @@ def vs_cltds(args, w: Workload, hb, res: dict) -> None:
     ids = CLTDS_DIR / "target" / f"ids-{args.events}-{args.keys}.u64"
     w.hashes.astype("<u8").tofile(ids)
     n = len(w.hashes)
-    sk = DecayingCountMin(epoch_ms=None)
-    each(sk.increment_many, hb)  # one increment per id, as the harness fills its sketch
+    sketches = {}
+    for scheme in ("independent", "km"):
+        sketches[scheme] = DecayingCountMin(epoch_ms=None, index_scheme=scheme)
+        each(sketches[scheme].increment_many, hb)  # one increment per id, as the harness fills its sketch
 
-    def ours() -> float:
+    def ours(scheme: str) -> float:
+        sk = sketches[scheme]
         each(sk.query_many, hb)  # untimed pass
         return n / timed(lambda: each(sk.query_many, hb), 1)[0]
 
@@ -83,29 +87,37 @@ def vs_cltds(args, w: Workload, hb, res: dict) -> None:
         info = json.loads(line[len("CLTDS ") :])
         return info["query_ids_per_s"][0], info
 
-    a, b = [], []
+    # Rounds rotate the order of the three (independent, km, CL-TDS), so none always runs
+    # first or last.
+    rates: dict[str, list[float]] = {"independent": [], "km": [], "cltds": []}
+    names = ("independent", "km", "cltds")
+    info: dict = {}
     for r in range(args.runs):
-        if r % 2 == 0:
-            a.append(ours())
-            rate, info = theirs()
-        else:
-            rate, info = theirs()
-            a.append(ours())
-        b.append(rate)
+        for name in names[r % 3:] + names[: r % 3]:
+            if name == "cltds":
+                rate, info = theirs()
+                rates["cltds"].append(rate)
+            else:
+                rates[name].append(ours(name))
         print(
-            f"  round {r}: query_many {a[-1] / 1e6:7.1f} M ids/s   "
-            f"CL-TDS query loop {b[-1] / 1e6:7.1f} M ids/s"
+            f"  round {r}: query_many independent {rates['independent'][-1] / 1e6:7.1f}, "
+            f"km {rates['km'][-1] / 1e6:7.1f}, CL-TDS query loop {rates['cltds'][-1] / 1e6:7.1f} M ids/s"
         )
-    ma, mb = median(a) / 1e6, median(b) / 1e6
-    print(f"  query_many, pre-hashed uint64, batches of {args.batch:,}: {ma:8.1f} M ids/s (median)")
+    mi, mk, mb = (median(rates[x]) / 1e6 for x in names)
+    print(f"  query_many, pre-hashed uint64, batches of {args.batch:,}, index_scheme=independent: "
+          f"{mi:8.1f} M ids/s (median)")
+    print(f"  query_many, same, index_scheme=km: {mk:8.1f} M ids/s (median)")
     print(f"  CL-TDS query loop, {info['impl']}: {mb:8.1f} M ids/s (median)")
-    print(f"  ratio query_many / CL-TDS: {ma / mb:.2f}")
+    print(f"  ratio query_many / CL-TDS: independent {mi / mb:.2f}, km {mk / mb:.2f}")
     res.update(
-        query_prehashed_mev_s_runs=[x / 1e6 for x in a],
-        cltds_query_mev_s_runs=[x / 1e6 for x in b],
-        query_prehashed_mev_s=ma,
+        query_prehashed_mev_s_runs=[x / 1e6 for x in rates["independent"]],
+        query_prehashed_km_mev_s_runs=[x / 1e6 for x in rates["km"]],
+        cltds_query_mev_s_runs=[x / 1e6 for x in rates["cltds"]],
+        query_prehashed_mev_s=mi,
+        query_prehashed_km_mev_s=mk,
         cltds_query_mev_s=mb,
-        ratio=ma / mb,
+        ratio=mi / mb,
+        ratio_km=mk / mb,
         cltds_impl=info["impl"],
         cltds_increment_mev_s=info["increment_ids_per_s"] / 1e6,
     )

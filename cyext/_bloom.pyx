@@ -473,11 +473,30 @@ cdef class ForgettingBloom(_Sketch):
                 return False
         return True
 
-    cdef inline void _insert(self, uint64_t h) noexcept nogil:
-        """Set h's k bits in the newest generation (``_set_bits``); when that fills it,
-        rotate (shrink_window) or count an overload (raise_fp, beyond capacity)."""
-        cdef uint32_t idx[MAXK]
+    cdef inline bint _probe_at(self, const uint32_t* idx, uint64_t live) noexcept nogil:
+        """``_probe`` over indexes already computed (``_indexes``)."""
+        cdef uint64_t acc = live
+        cdef uint32_t i
+        cdef int lgw = self._lgw, lgpw = self._lgpw
+        cdef uint32_t pwm = (1u << lgpw) - 1
+        for i in range(self._k):
+            acc &= self._words[idx[i] >> lgpw] >> ((idx[i] & pwm) << lgw)
+            if (acc & live) == 0:
+                return False
+        return True
+
+    cdef inline void _indexes(self, uint64_t h, uint32_t* idx) noexcept nogil:
+        """h's k positions under the filter's index scheme."""
         gs_indexes(self._ix, h, self._k, self._magic, self._m, self._pmask, idx)
+
+    cdef inline void _insert(self, uint64_t h) noexcept nogil:
+        cdef uint32_t idx[MAXK]
+        self._indexes(h, idx)
+        self._insert_at(idx)
+
+    cdef inline void _insert_at(self, const uint32_t* idx) noexcept nogil:
+        """Set the k bits at ``idx`` in the newest generation (``_set_bits``); when that
+        fills it, rotate (shrink_window) or count an overload (raise_fp, beyond capacity)."""
         if self._set_bits(idx, self._newest):
             if not self._raise_fp:
                 self._capacity_full()
@@ -511,12 +530,12 @@ cdef class ForgettingBloom(_Sketch):
         self._counts[g] += 1
         return <uint64_t>self._counts[g] >= self._capacity
 
-    cdef inline void _prefetch(self, uint64_t h) noexcept nogil:
+    cdef inline void _prefetch(self, uint64_t h, uint32_t* idx) noexcept nogil:
+        """h's positions into ``idx``, their words prefetched."""
         cdef uint32_t i
-        cdef uint32_t idx[MAXK]
-        gs_indexes(self._ix, h, self._k, self._magic, self._m, self._pmask, idx)
+        self._indexes(h, idx)
         for i in range(self._k):
-            gs_prefetch_w(self._words + (idx[i] >> self._lgpw))
+            gs_prefetch_r(self._words + (idx[i] >> self._lgpw))
 
     cdef void _run(self, int op, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                    uint8_t* out) noexcept nogil:
@@ -578,18 +597,21 @@ cdef class ForgettingBloom(_Sketch):
 
     cdef void _run_contains(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                             uint64_t live0, uint8_t* out) noexcept nogil:
+        """contains for each key: the positions of key i + PF computed into a ring and their
+        words prefetched while key i is probed from the ring."""
+        cdef uint32_t ring[PF * MAXK]
         cdef Py_ssize_t i
         cdef uint64_t live
         cdef int64_t p
         for i in range(n if n < PF else PF):
-            self._prefetch(hs[i])
+            self._prefetch(hs[i], ring + i * MAXK)
         for i in range(n):
             live = live0
             if ts != NULL and self._started and ts[i] >= self._win_hi:
                 live = self._live_after(self._pending_at(ts[i]))
-            out[i] = self._probe(hs[i], live) if live else False
+            out[i] = self._probe_at(ring + (i & (PF - 1)) * MAXK, live) if live else False
             if i + PF < n:
-                self._prefetch(hs[i + PF])
+                self._prefetch(hs[i + PF], ring + ((i + PF) & (PF - 1)) * MAXK)
 
     # ------------------------------------------------------------------ single-key API
 
@@ -614,11 +636,13 @@ cdef class ForgettingBloom(_Sketch):
     def add_if_absent(self, key, now_ms=None):
         """Streaming dedup: True (and insert) when ``key`` is in no live generation;
         False (no insert, no refresh) when it is, or looks like it is (a false positive)."""
+        cdef uint32_t idx[MAXK]
         cdef uint64_t h = hash_key(&self._hasher, key)
         self._advance_to(now_ms)
-        if self._probe(h, self._gmask):
+        self._indexes(h, idx)
+        if self._probe_at(idx, self._gmask):
             return False
-        self._insert(h)
+        self._insert_at(idx)
         return True
 
     # ------------------------------------------------------------------ batch API
