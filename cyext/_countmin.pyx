@@ -47,6 +47,8 @@ cdef extern from "gsketch.h" nogil:
                       uint32_t emod, uint32_t width, uint32_t pmask, int cbits, uint32_t smask)
     void gs_cm_query4_ix(const uint32_t* cells, const uint64_t* hs, Py_ssize_t n, int64_t* out,
                          uint32_t emod, uint32_t width, int cbits, uint32_t smask)
+    void gs_cm_inc4_ix(uint32_t* cells, const uint64_t* hs, Py_ssize_t n, uint32_t w,
+                       uint32_t emod, uint32_t width, int cbits, uint32_t smask)
 
 cdef enum:
     MAX_DEPTH = 32      # mirrors grudge_stream.sketches.countmin.MAX_DEPTH
@@ -504,9 +506,10 @@ cdef class DecayingCountMin(_Sketch):
                 _prefetch_rows(G, hs[i + PF], &ring[(i + PF) & (PF - 1)][0], True)
 
     cdef void _run_plain(self, const uint64_t* hs, Py_ssize_t n, uint32_t w) noexcept nogil:
-        """The common batch: one weight, one epoch, no candidate set. Each event's indexes
-        are computed once, when its cells are prefetched PF events ahead, and kept in a
-        ring until it is applied."""
+        """The common batch: one weight, one epoch, no candidate set. Depth 4 under
+        independent levels runs gs_cm_inc4_ix (gsketch.h: rows unrolled, no branch per
+        cell); otherwise each event's indexes are computed once, when its cells are
+        prefetched PF events ahead, and kept in a ring until it is applied."""
         cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, c
@@ -514,6 +517,9 @@ cdef class DecayingCountMin(_Sketch):
         cdef uint32_t* row
         cdef uint32_t* idx
         cdef uint32_t ring[PF][MAX_DEPTH]
+        if G.rows == 4 and G.ix == GH_IX_INDEPENDENT:
+            gs_cm_inc4_ix(G.cells, hs, n, w if w < G.cmask else G.cmask, G.emod, G.width, G.cbits, G.smask)
+            return
         for j in range(n if n < PF else PF):
             _prefetch_rows(G, hs[j], &ring[j & (PF - 1)][0], True)
         for i in range(n):

@@ -226,4 +226,64 @@ static inline void gs_cm_query4_ix(const uint32_t *cells, const uint64_t *hs, pt
         gs_cm_query4_ix_impl(cells, hs, n, out, emod, width, cbits, smask);
 }
 
+/* ---- DecayingCountMin write kernel: depth 4, independent levels ---------------------
+ *
+ * The plain batch (one weight w <= cmask, one epoch, no candidate set) over depth 4: each
+ * of the key's cells decayed to the epoch whose stamp is emod, w added (saturating at
+ * cmask), stamped; the same numbers as the generic loop of _countmin.pyx (its branch on
+ * g < cbits becomes a shift by min(g, 31): the counter has only cbits bits). Row indexes
+ * as in gs_cm_query4_ix, w of event i + pf kept in a ring from its prefetch on. */
+static inline __attribute__((always_inline)) void
+gs_cm_inc4_ix_impl(uint32_t *cells, const uint64_t *hs, ptrdiff_t n, uint32_t w,
+                   uint32_t emod, uint32_t width, int cbits, uint32_t smask)
+{
+    const uint32_t cmask = (UINT32_C(1) << cbits) - 1, stamp = emod << cbits;
+    const size_t w1 = width, w2 = 2 * (size_t)width, w3 = 3 * (size_t)width;
+    uint64_t ring[GS_CMQ_PF];
+    ptrdiff_t i = 0, j, m = n - GS_CMQ_PF;
+#define GS_CMIX_IX(x) gh_ix_reduce((uint32_t)(x), width)
+#define GS_CMIX_PREFETCH(k) do {                                                        \
+        uint64_t h_ = hs[k], v_ = gh_ix_word(h_, 1);                                    \
+        ring[(size_t)(k) & (GS_CMQ_PF - 1)] = v_;                                       \
+        __builtin_prefetch(cells + GS_CMIX_IX(h_), 1, 3);                               \
+        __builtin_prefetch(cells + w1 + GS_CMIX_IX(h_ >> 32), 1, 3);                    \
+        __builtin_prefetch(cells + w2 + GS_CMIX_IX(v_), 1, 3);                          \
+        __builtin_prefetch(cells + w3 + GS_CMIX_IX(v_ >> 32), 1, 3);                    \
+    } while (0)
+#define GS_CMIX_BUMP(p) do {                                                            \
+        uint32_t *p_ = (p), c_ = *p_, g_ = (emod - (c_ >> cbits)) & smask;              \
+        g_ = g_ < 31 ? g_ : 31;                                                         \
+        c_ = ((c_ & cmask) >> g_) + w;                                                  \
+        *p_ = stamp | (c_ < cmask ? c_ : cmask);                                        \
+    } while (0)
+#define GS_CMIX_ONE(k) do {                                                             \
+        uint64_t h_ = hs[k], v_ = ring[(size_t)(k) & (GS_CMQ_PF - 1)];                  \
+        GS_CMIX_BUMP(cells + GS_CMIX_IX(h_));                                           \
+        GS_CMIX_BUMP(cells + w1 + GS_CMIX_IX(h_ >> 32));                                \
+        GS_CMIX_BUMP(cells + w2 + GS_CMIX_IX(v_));                                      \
+        GS_CMIX_BUMP(cells + w3 + GS_CMIX_IX(v_ >> 32));                                \
+    } while (0)
+    for (j = 0; j < (n < GS_CMQ_PF ? n : GS_CMQ_PF); j++)
+        GS_CMIX_PREFETCH(j);
+    for (; i < m; i++) {
+        GS_CMIX_ONE(i);
+        GS_CMIX_PREFETCH(i + GS_CMQ_PF);
+    }
+    for (; i < n; i++)
+        GS_CMIX_ONE(i);
+#undef GS_CMIX_IX
+#undef GS_CMIX_PREFETCH
+#undef GS_CMIX_BUMP
+#undef GS_CMIX_ONE
+}
+
+static inline void gs_cm_inc4_ix(uint32_t *cells, const uint64_t *hs, ptrdiff_t n, uint32_t w,
+                                 uint32_t emod, uint32_t width, int cbits, uint32_t smask)
+{
+    if (width == 65536 && cbits == 24)
+        gs_cm_inc4_ix_impl(cells, hs, n, w, emod, 65536, 24, 255);
+    else
+        gs_cm_inc4_ix_impl(cells, hs, n, w, emod, width, cbits, smask);
+}
+
 #endif /* GRUDGE_GSKETCH_H */
