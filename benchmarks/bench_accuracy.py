@@ -103,7 +103,7 @@ def run_scores(s: dict, mode: str, cells: int = CELLS, scheme: str = "independen
 
 
 def score_rows(sizes: list[int], rates: list[float], seconds: float, cells_list: tuple = (CELLS,),
-               schemes: tuple = ("independent",)) -> list[dict]:
+               schemes: tuple = ("independent",), draws: int = 1) -> list[dict]:
     rows = []
     for n in sizes:
         for r in rates:
@@ -112,14 +112,18 @@ def score_rows(sizes: list[int], rates: list[float], seconds: float, cells_list:
             exact = first_raise(s["ids"], _exact_reference(s["ids"], s["deltas"], s["t"], s["n_keys"],
                                                            LAMBDA, 0.0, 1.0), s["t"])
             planted = set(s["planted"].tolist())
-            for mode, cells, scheme in [(m, c, x) for c in cells_list for m in ("split", "single")
-                                        for x in schemes]:
+            for draw, mode, cells, scheme in [(d, m, c, x) for d in range(draws) for c in cells_list
+                                              for m in ("split", "single") for x in schemes]:
+                if draw and mode == "split" and cells == cells_list[0] and scheme == schemes[0]:
+                    # another hash key: the same stream under new random 64-bit hashes
+                    s["hashes"] = np.random.default_rng(1000 + draw).integers(
+                        0, 2 ** 64 - 1, size=s["n_keys"], dtype=np.uint64, endpoint=True)
                 got = first_raise(s["ids"], run_scores(s, mode, cells, scheme), s["t"])
                 both = exact.keys() & got.keys()
                 delays = np.array([got[k] - exact[k] for k in both], dtype=np.float64) / 1000.0
                 rows.append({
                     "background_keys": n, "rate_x": r, "mode": mode, "cells_per_level": cells,
-                    "index_scheme": scheme,
+                    "index_scheme": scheme, "hash_draw": draw,
                     "events": int(len(s["ids"])),
                     "exact_raised": len(exact), "recall": len(both) / len(exact) if exact else 1.0,
                     "innocents_raised": len(got.keys() - exact.keys()),
@@ -136,6 +140,7 @@ def score_rows(sizes: list[int], rates: list[float], seconds: float, cells_list:
 
 def _print_score_row(x: dict) -> None:
     print(f"{x['background_keys']:>10,} {x['rate_x']:>4g}x {x['mode']:>6} {x.get('index_scheme', 'km'):>11} "
+          f"{x.get('hash_draw', 0):>4} "
           f"{x['cells_per_level']:>8,} {x['events']:>11,} "
           f"{x['exact_raised']:>6} {x['recall']:>7.4f} {x['innocents_raised']:>9} {x['planted_recall']:>8.3f} "
           f"{x['delay_median_s']:>+8.3f} {x['delay_min_s']:>+8.3f} {x['delay_max_s']:>+8.3f}", flush=True)
@@ -257,6 +262,8 @@ def main() -> int:
     ap.add_argument("--schemes", default="independent",
                     help="index schemes of the score sketches, comma-separated (independent, km)")
     ap.add_argument("--no-dedup", action="store_true", help="skip the dedup rows")
+    ap.add_argument("--hash-draws", type=int, default=1,
+                    help="run each score row under this many hash draws (draw 0: the stream's own)")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--plot", default=None, help="write accuracy-*.png into this directory (needs matplotlib)")
     ap.add_argument("--replot", default=None, metavar="JSON",
@@ -275,9 +282,9 @@ def main() -> int:
     print(f"# scores: {LEVELS} x {CELLS:,} cells, decay {LAMBDA}/s, raise at {RAISE_AT}; 1x = {BASE_RATE:,} "
           f"events/s; {args.seconds:g} s of event time")
     schemes = tuple(args.schemes.split(","))
-    print(f"{'background':>10} {'rate':>5} {'mode':>6} {'scheme':>11} {'cells':>8} {'events':>11} {'exact':>6} {'recall':>7} "
+    print(f"{'background':>10} {'rate':>5} {'mode':>6} {'scheme':>11} {'draw':>4} {'cells':>8} {'events':>11} {'exact':>6} {'recall':>7} "
           f"{'innocents':>9} {'planted':>8} {'d_med_s':>8} {'d_min_s':>8} {'d_max_s':>8}")
-    rows = score_rows(sizes, rates, args.seconds, schemes=schemes)
+    rows = score_rows(sizes, rates, args.seconds, schemes=schemes, draws=args.hash_draws)
     sweep = []
     if args.cells_sweep:
         print(f"\n# cells per level, {int(args.sweep_keys):,} background keys at {args.sweep_rate:g}x")

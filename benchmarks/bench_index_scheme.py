@@ -6,10 +6,16 @@ Each sketch is built twice, ``index_scheme="independent"`` (the default) and ``"
 (Kirsch-Mitzenmacher, grudge-stream 0.2's), with the same seed, and fed the same
 Workload (a Zipf(1.1) stream over --keys distinct 16-byte keys, pre-hashed) through its
 batch paths (batches of --batch events) and through single calls (--single events, one
-Python call each). Rounds interleave the schemes (independent first in even rounds, km
-first in odd ones), each measurement is one timed pass after the sketch was filled
-once; the figures are the medians over --runs rounds, with the ratio independent / km
-of the time per event (1.00: no cost; 1.10: 10 % slower). The last line is a JSON summary.
+Python call each). Each scheme has two instances, built in the order independent, km,
+km, independent (the first sketch built measured slower, whichever scheme), and its
+figure is their mean. Each pass is timed after the sketches were filled once; within a
+pass the four take turns chunk by chunk (a batch, or 1,000 single calls; the order
+rotating), so load from other processes falls on all alike. The figure per
+scheme is, for every chunk, the median of its time over the --runs passes, summed over
+the chunks, per event (a pass descheduled in one chunk does not move it); beside it the
+median of the passes' totals. Times are the CPU time of the timing thread (--clock
+thread, the default: the loops run in it), or wall time (--clock wall). Ratio: independent / km (1.00: no cost; 1.10: 10 % slower).
+The last line is a JSON summary.
 
 Shapes: ScoreSketch and SplitScoreSketch 4 x 100,000 (the abuse_scores default),
 Rotator 2 generations of 4 x 100,000, DecayingCountMin 4 x 65,536 (its default),
@@ -42,36 +48,36 @@ def build(scheme: str) -> dict:
     }
 
 
-def operations(sk: dict, hb: list, hs_single: list, keys_single: list) -> dict:
-    """name -> (function running one pass, events per pass)."""
-    s, sp, r, c, b = (sk[k] for k in ("ScoreSketch", "SplitScoreSketch", "Rotator", "DecayingCountMin",
-                                      "ForgettingBloom"))
-    n = sum(len(x) for x in hb)
-    ns = len(keys_single)
+def operations(hb: list, keys_single: list, single_chunk: int) -> dict:
+    """name -> (op(sketches, chunk), chunks, events per pass): one pass runs op on every chunk."""
+    ks = [keys_single[i:i + single_chunk] for i in range(0, len(keys_single), single_chunk)]
+    n, ns = sum(len(x) for x in hb), len(keys_single)
 
-    def batches(fn):
-        def run():
-            for x in hb:
-                fn(x)
+    def each_key(fn):
+        def run(sk, chunk):
+            for k in chunk:
+                fn(sk, k)
         return run
 
     return {
-        "ScoreSketch.update_many": (batches(lambda x: s.update_many(x, 0.01, 1_000)), n),
-        "ScoreSketch.query_many": (batches(lambda x: s.query_many(x, 1_000)), n),
-        "ScoreSketch.update (single)": (lambda: [s.update(k, 0.01, 1_000) for k in keys_single], ns),
-        "ScoreSketch.query (single)": (lambda: [s.query(k, 1_000) for k in keys_single], ns),
-        "SplitScoreSketch.update_many": (batches(lambda x: sp.update_many(x, 0.01, 1_000)), n),
-        "SplitScoreSketch.query_many": (batches(lambda x: sp.query_many(x, 1_000)), n),
-        "Rotator.update_many": (batches(lambda x: r.update_many(x, 0.01, 1_000)), n),
-        "Rotator.query_many": (batches(lambda x: r.query_many(x, 1_000)), n),
-        "DecayingCountMin.increment_many": (batches(c.increment_many), n),
-        "DecayingCountMin.query_many": (batches(c.query_many), n),
-        "DecayingCountMin.increment (single)": (lambda: [c.increment(k) for k in keys_single], ns),
-        "DecayingCountMin.query (single)": (lambda: [c.query(k) for k in keys_single], ns),
-        "ForgettingBloom.add_many": (batches(lambda x: b.add_many(x, now_ms=0)), n),
-        "ForgettingBloom.contains_many": (batches(lambda x: b.contains_many(x, now_ms=0)), n),
-        "ForgettingBloom.add_if_absent (single)": (lambda: [b.add_if_absent(k, now_ms=0) for k in keys_single], ns),
-        "ForgettingBloom.contains (single)": (lambda: [b.contains(k, now_ms=0) for k in keys_single], ns),
+        "ScoreSketch.update_many": (lambda s, x: s["ScoreSketch"].update_many(x, 0.01, 1_000), hb, n),
+        "ScoreSketch.query_many": (lambda s, x: s["ScoreSketch"].query_many(x, 1_000), hb, n),
+        "ScoreSketch.update (single)": (each_key(lambda s, k: s["ScoreSketch"].update(k, 0.01, 1_000)), ks, ns),
+        "ScoreSketch.query (single)": (each_key(lambda s, k: s["ScoreSketch"].query(k, 1_000)), ks, ns),
+        "SplitScoreSketch.update_many": (lambda s, x: s["SplitScoreSketch"].update_many(x, 0.01, 1_000), hb, n),
+        "SplitScoreSketch.query_many": (lambda s, x: s["SplitScoreSketch"].query_many(x, 1_000), hb, n),
+        "Rotator.update_many": (lambda s, x: s["Rotator"].update_many(x, 0.01, 1_000), hb, n),
+        "Rotator.query_many": (lambda s, x: s["Rotator"].query_many(x, 1_000), hb, n),
+        "DecayingCountMin.increment_many": (lambda s, x: s["DecayingCountMin"].increment_many(x), hb, n),
+        "DecayingCountMin.query_many": (lambda s, x: s["DecayingCountMin"].query_many(x), hb, n),
+        "DecayingCountMin.increment (single)": (each_key(lambda s, k: s["DecayingCountMin"].increment(k)), ks, ns),
+        "DecayingCountMin.query (single)": (each_key(lambda s, k: s["DecayingCountMin"].query(k)), ks, ns),
+        "ForgettingBloom.add_many": (lambda s, x: s["ForgettingBloom"].add_many(x, now_ms=0), hb, n),
+        "ForgettingBloom.contains_many": (lambda s, x: s["ForgettingBloom"].contains_many(x, now_ms=0), hb, n),
+        "ForgettingBloom.add_if_absent (single)":
+            (each_key(lambda s, k: s["ForgettingBloom"].add_if_absent(k, now_ms=0)), ks, ns),
+        "ForgettingBloom.contains (single)":
+            (each_key(lambda s, k: s["ForgettingBloom"].contains(k, now_ms=0)), ks, ns),
     }
 
 
@@ -82,38 +88,60 @@ def main(argv=None) -> dict:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--batch", type=int, default=10_000)
     ap.add_argument("--single", type=int, default=200_000, help="events of the single-call rows")
+    ap.add_argument("--clock", choices=("thread", "wall"), default="thread",
+                    help="thread: CPU time of the timing thread (default); wall: perf_counter")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     w = Workload(args.events, args.keys)
     hb = [w.hashes[i:i + args.batch] for i in range(0, len(w.hashes), args.batch)]
     keys_single = w.shared_keys(args.single)
     print(f"workload: {args.events:,} events, Zipf s={w.s} over {args.keys:,} keys, batches of {args.batch:,}, "
-          f"{args.single:,} single calls; median of {args.runs} interleaved rounds; "
+          f"{args.single:,} single calls; median of {args.runs} interleaved rounds, {args.clock} clock; "
           f"setup {time.perf_counter() - t0:.1f}s")
-    sketches = {sc: build(sc) for sc in SCHEMES}
-    ops = {sc: operations(sketches[sc], hb, None, keys_single) for sc in SCHEMES}
-    for sc in SCHEMES:  # fill each sketch once (the timed passes then run on a filled sketch)
-        for name, (fn, _) in ops[sc].items():
+    # Two instances per scheme, built in the order independent, km, km, independent: the
+    # sketch built first measured some 5 % slower than one built after it (where its
+    # memory landed), whichever scheme it held; each scheme's figure is the mean of its two.
+    builds = [("independent", 0), ("km", 0), ("km", 1), ("independent", 1)]
+    sketches = {b: build(b[0]) for b in builds}
+    ops = operations(hb, keys_single, 1_000)
+    for b in builds:  # fill each sketch once (the timed passes then run on a filled sketch)
+        for name, (op, chunks, _) in ops.items():
             if "update" in name or "increment" in name or "add" in name:
-                fn()
-    times: dict = {sc: {name: [] for name in ops[sc]} for sc in SCHEMES}
+                for c in chunks:
+                    op(sketches[b], c)
+    # Within a pass the four take turns chunk by chunk (one batch, or 1,000 single calls;
+    # the order rotating), so a burst of load on this shared machine falls on all alike.
+    times: dict = {b: {name: np.zeros((args.runs, len(ops[name][1]))) for name in ops} for b in builds}
+    # CPU time of this thread (the batch loops run in it, without the GIL): time the thread
+    # spent descheduled by other processes is not counted.
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     for r in range(args.runs):
-        order = SCHEMES if r % 2 == 0 else SCHEMES[::-1]
-        for name in ops[SCHEMES[0]]:
-            for sc in order:
-                fn, n = ops[sc][name]
-                t = time.perf_counter()
-                fn()
-                times[sc][name].append((time.perf_counter() - t) / n * 1e9)
+        for name, (op, chunks, n) in ops.items():
+            for i, c in enumerate(chunks):
+                k = (i + r) % 4
+                for b in builds[k:] + builds[:k]:
+                    sk = sketches[b]
+                    t = clock()
+                    op(sk, c)
+                    times[b][name][r, i] = clock() - t
         print(f"  round {r} done")
+    for b in builds[:2]:  # per scheme: the mean of its two instances
+        for name in ops:
+            times[b][name] = (times[b][name] + times[(b[0], 1)][name]) / 2
+    times = {sc: times[(sc, 0)] for sc in SCHEMES}
     res: dict = {"machine": machine(), "events": args.events, "keys": args.keys, "runs": args.runs,
                  "batch": args.batch, "single": args.single, "rows": {}}
-    print(f"\n  {'operation':<42} {'independent':>12} {'km':>9}  ratio   (ns/event, median)")
-    for name in ops[SCHEMES[0]]:
-        a, k = median(times["independent"][name]), median(times["km"][name])
+    print(f"\n  {'operation':<42} {'independent':>12} {'km':>9}  ratio   (ns/event: per chunk the median "
+          f"over the rounds, summed; then the median of the round totals)")
+    for name, (_, _, n) in ops.items():
+        chunked = {sc: float(np.median(times[sc][name], axis=0).sum()) / n * 1e9 for sc in SCHEMES}
+        totals = {sc: [float(x) / n * 1e9 for x in times[sc][name].sum(axis=1)] for sc in SCHEMES}
+        a, k = chunked["independent"], chunked["km"]
+        ta, tk = median(totals["independent"]), median(totals["km"])
         res["rows"][name] = {"independent_ns": a, "km_ns": k, "ratio": a / k,
-                             "independent_runs": times["independent"][name], "km_runs": times["km"][name]}
-        print(f"  {name:<42} {a:12.2f} {k:9.2f}  {a / k:5.2f}")
+                             "independent_round_ns": totals["independent"], "km_round_ns": totals["km"],
+                             "round_median_ratio": ta / tk}
+        print(f"  {name:<42} {a:12.2f} {k:9.2f}  {a / k:5.2f}   (rounds: {ta:8.2f} {tk:8.2f}  {ta / tk:5.2f})")
     emit("bench_index_scheme", res)
     return res
 
