@@ -105,9 +105,10 @@ def level_indexes(uint64_t hash, Py_ssize_t levels, Py_ssize_t cells_per_level, 
     """The cell index of one hash at each level (row, Bloom position) ``i = 0..levels-1``,
     as every sketch derives them (docs/hashing.md):
 
-    - ``"independent"``: word 0 is ``hash``, word j >= 1 is
-      ``splitmix64(hash + (j - 1) * 0x9E3779B97F4A7C15)``; level 2j takes the low 32 bits x
-      of word j, level 2j+1 its high 32 bits, each as ``(x * M) >> 32``;
+    - ``"independent"``: word 0 is ``hash``; word j >= 1 is ``lo ^ hi`` of the 128-bit
+      product ``((hash + j * 0x9E3779B97F4A7C15) mod 2**64) * 0xBF58476D1CE4E5B9``; level
+      2j takes the low 32 bits x of word j, level 2j+1 its high 32 bits, each as
+      ``(x * M) >> 32``;
     - ``"km"`` (Kirsch-Mitzenmacher, grudge-stream 0.2 and grudge):
       ``((h1 + i*h2) mod 2**32) mod M`` with h1, h2 the low and high 32 bits.
     """

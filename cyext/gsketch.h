@@ -42,7 +42,7 @@ static inline uint32_t gs_km_index_p(uint64_t h, uint32_t i, uint64_t magic, uin
 
 /* A key's n cell indexes (one per row / level) under index scheme `ix` (GH_IX_INDEPENDENT
  * or GH_IX_KM, ghash.h) into out[0..n). One branch per key, the same for every key of a
- * sketch; the independent scheme computes one splitmix64 per two rows past the first two. */
+ * sketch; the independent scheme computes one remix per two rows past the first two. */
 static inline void gs_indexes(int ix, uint64_t h, uint32_t n, uint64_t magic, uint32_t d,
                               uint32_t pmask, uint32_t *out) {
     uint32_t i;
@@ -165,8 +165,7 @@ static inline void gs_cm_query4(const uint32_t *cells, const uint64_t *hs, ptrdi
 /* ---- the same read kernel under independent levels ---------------------------------
  *
  * Depth 4, any width: rows 0 and 1 index by the halves of h, rows 2 and 3 by the halves
- * of w = splitmix64(h + 0) (gh_ix_index; with the constant width 65536 each reduction is
- * a shift). w of event i + pf is computed once, when its cells are prefetched, and kept
+ * of word 1 (gh_ix_word; with the constant width 65536 each reduction is a shift). w of event i + pf is computed once, when its cells are prefetched, and kept
  * in a ring of pf words until event i + pf is read (a ring of the four indexes, or
  * computing w twice, measured slower). */
 static inline __attribute__((always_inline)) void
@@ -232,7 +231,7 @@ static inline void gs_cm_query4_ix(const uint32_t *cells, const uint64_t *hs, pt
  * of the key's cells decayed to the epoch whose stamp is emod, w added (saturating at
  * cmask), stamped; the same numbers as the generic loop of _countmin.pyx (its branch on
  * g < cbits becomes a shift by min(g, 31): the counter has only cbits bits). Row indexes
- * as in gs_cm_query4_ix, w of event i + pf kept in a ring from its prefetch on. */
+ * as in gs_cm_query4_ix, word 1 of event i + pf kept in a ring from its prefetch on. */
 static inline __attribute__((always_inline)) void
 gs_cm_inc4_ix_impl(uint32_t *cells, const uint64_t *hs, ptrdiff_t n, uint32_t w,
                    uint32_t emod, uint32_t width, int cbits, uint32_t smask)

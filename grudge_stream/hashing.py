@@ -1,6 +1,6 @@
 """Hashing shared by every sketch: one 64-bit hash per key, then one cell index per
 level (row, Bloom position) derived from it by the sketch's ``index_scheme``:
-``independent`` (each level from its own 32 bits of a splitmix64 remix; the default) or
+``independent`` (each level from its own 32 bits of the hash or a remix of it; the default) or
 ``km`` (Kirsch–Mitzenmacher, grudge-stream 0.2's and grudge's): ``level_indexes``.
 
 - ``murmur3``: first word of MurmurHash3_x64_128, both seed words ``seed & 0xFFFFFFFF``

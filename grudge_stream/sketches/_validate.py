@@ -12,7 +12,7 @@ from grudge_stream.exceptions import ConfigError
 U64_MAX = (1 << 64) - 1
 HASHERS = ("murmur3", "siphash")
 #: How a key's cell indexes derive from its 64-bit hash (docs/hashing.md, "Index schemes"):
-#: ``independent`` (each level from its own 32 bits of a splitmix64 remix; the default of
+#: ``independent`` (each level from its own 32 bits of the hash or a remix of it; the default of
 #: new sketches) or ``km`` (Kirsch-Mitzenmacher, the only scheme of grudge-stream 0.2 and
 #: of the Go library grudge: kept for their snapshots and test vectors).
 INDEX_SCHEMES = ("independent", "km")

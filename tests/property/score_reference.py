@@ -26,12 +26,22 @@ def km_index(h: int, i: int, m: int) -> int:
     return ((h1 + i * h2) & 0xFFFFFFFF) % m
 
 
+IX_MUL = 0xBF58476D1CE4E5B9
+
+
+def ix_word(h: int, j: int) -> int:
+    """Word j of the independent scheme: h itself for j = 0, else the 128-bit product of
+    h + j * GOLDEN (mod 2**64) and IX_MUL with its two 64-bit halves xored."""
+    if j == 0:
+        return h
+    p = ((h + j * GOLDEN) & MASK64) * IX_MUL
+    return (p & MASK64) ^ (p >> 64)
+
+
 def independent_index(h: int, i: int, m: int) -> int:
-    """Level i from its own 32 bits: word 0 is h, word j >= 1 is splitmix64 output j - 1
-    from state h (``splitmix64(h + (j - 1) * GOLDEN)``); level i takes the low half of
-    word i // 2 for even i, its high half for odd i, reduced as (x * m) >> 32."""
-    j = i // 2
-    word = h if j == 0 else splitmix64((h + (j - 1) * GOLDEN) & MASK64)
+    """Level i from its own 32 bits: the low half of word i // 2 for even i, its high half
+    for odd i, reduced as (x * m) >> 32."""
+    word = ix_word(h, i // 2)
     x = (word >> (32 * (i & 1))) & 0xFFFFFFFF
     return (x * m) >> 32
 
