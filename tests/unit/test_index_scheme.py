@@ -253,3 +253,12 @@ def test_adoption_is_for_the_scheme_only() -> None:
     with pytest.raises(CheckpointError, match="cells_per_level"):
         _restore(MemoryStore(op.snapshot()), _topology())
     assert dataclasses.replace(_topology(), with_index_scheme=None).with_index_scheme is None
+
+
+def test_replay_from_a_snapshot_keeps_its_scheme_too() -> None:
+    from grudge_stream.replay.runner import _snapshot_operator
+
+    op = _snapshot_operator(_topology(), 0, 4, _blob("km"))
+    assert op.sketch.index_scheme == "km" and op.next_offset == 5
+    with pytest.raises(MismatchError):
+        _snapshot_operator(_topology(index_scheme="independent"), 0, 4, _blob("km"))
