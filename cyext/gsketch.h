@@ -53,12 +53,6 @@ static inline void gs_indexes(int ix, uint64_t h, uint32_t n, uint64_t magic, ui
     for (i = 0; i < n; i++) out[i] = gs_km_index_p(h, i, magic, d, pmask);
 }
 
-/* One index of the same (row i of n); a single-key path that needs one row only. */
-static inline uint32_t gs_index(int ix, uint64_t h, uint32_t i, uint64_t magic, uint32_t d,
-                                uint32_t pmask) {
-    return ix == GH_IX_INDEPENDENT ? gh_ix_index(h, i, d) : gs_km_index_p(h, i, magic, d, pmask);
-}
-
 /* Prefetch for writing / reading, keep in all cache levels. */
 static inline void gs_prefetch_w(const void *p) { __builtin_prefetch(p, 1, 3); }
 static inline void gs_prefetch_r(const void *p) { __builtin_prefetch(p, 0, 3); }
