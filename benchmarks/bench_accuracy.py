@@ -27,6 +27,10 @@ false drops (a key's first sighting said seen), per overload mode.
     .venv/bin/python benchmarks/bench_accuracy.py                  # the full table
     .venv/bin/python benchmarks/bench_accuracy.py --quick          # 1e5/1e6 keys, shorter
     .venv/bin/python benchmarks/bench_accuracy.py --plot docs/     # and the PNGs (matplotlib)
+    .venv/bin/python benchmarks/bench_accuracy.py --schemes independent,km   # both index schemes
+
+The score sketches use ``index_scheme="independent"`` (the default) unless --schemes says
+otherwise; rows carry the scheme.
 """
 from __future__ import annotations
 
@@ -87,9 +91,9 @@ def first_raise(ids: np.ndarray, scores: np.ndarray, t: np.ndarray) -> dict[int,
     return dict(zip(keys.tolist(), t[hot][first].tolist()))
 
 
-def run_scores(s: dict, mode: str, cells: int = CELLS) -> np.ndarray:
+def run_scores(s: dict, mode: str, cells: int = CELLS, scheme: str = "independent") -> np.ndarray:
     kw = dict(levels=LEVELS, cells_per_level=cells, decay=Exponential(LAMBDA), lo=0.0, hi=1.0,
-              hasher="siphash", seed=1)
+              hasher="siphash", seed=1, index_scheme=scheme)
     sk = SplitScoreSketch(**kw) if mode == "split" else ScoreSketch(**kw)
     out = np.empty(len(s["ids"]))
     for a in range(0, len(out), CHUNK):
@@ -98,7 +102,8 @@ def run_scores(s: dict, mode: str, cells: int = CELLS) -> np.ndarray:
     return out
 
 
-def score_rows(sizes: list[int], rates: list[float], seconds: float, cells_list: tuple = (CELLS,)) -> list[dict]:
+def score_rows(sizes: list[int], rates: list[float], seconds: float, cells_list: tuple = (CELLS,),
+               schemes: tuple = ("independent",), draws: int = 1) -> list[dict]:
     rows = []
     for n in sizes:
         for r in rates:
@@ -107,12 +112,18 @@ def score_rows(sizes: list[int], rates: list[float], seconds: float, cells_list:
             exact = first_raise(s["ids"], _exact_reference(s["ids"], s["deltas"], s["t"], s["n_keys"],
                                                            LAMBDA, 0.0, 1.0), s["t"])
             planted = set(s["planted"].tolist())
-            for mode, cells in [(m, c) for c in cells_list for m in ("split", "single")]:
-                got = first_raise(s["ids"], run_scores(s, mode, cells), s["t"])
+            for draw, mode, cells, scheme in [(d, m, c, x) for d in range(draws) for c in cells_list
+                                              for m in ("split", "single") for x in schemes]:
+                if draw and mode == "split" and cells == cells_list[0] and scheme == schemes[0]:
+                    # another hash key: the same stream under new random 64-bit hashes
+                    s["hashes"] = np.random.default_rng(1000 + draw).integers(
+                        0, 2 ** 64 - 1, size=s["n_keys"], dtype=np.uint64, endpoint=True)
+                got = first_raise(s["ids"], run_scores(s, mode, cells, scheme), s["t"])
                 both = exact.keys() & got.keys()
                 delays = np.array([got[k] - exact[k] for k in both], dtype=np.float64) / 1000.0
                 rows.append({
                     "background_keys": n, "rate_x": r, "mode": mode, "cells_per_level": cells,
+                    "index_scheme": scheme, "hash_draw": draw,
                     "events": int(len(s["ids"])),
                     "exact_raised": len(exact), "recall": len(both) / len(exact) if exact else 1.0,
                     "innocents_raised": len(got.keys() - exact.keys()),
@@ -128,7 +139,9 @@ def score_rows(sizes: list[int], rates: list[float], seconds: float, cells_list:
 
 
 def _print_score_row(x: dict) -> None:
-    print(f"{x['background_keys']:>10,} {x['rate_x']:>4g}x {x['mode']:>6} {x['cells_per_level']:>8,} {x['events']:>11,} "
+    print(f"{x['background_keys']:>10,} {x['rate_x']:>4g}x {x['mode']:>6} {x.get('index_scheme', 'km'):>11} "
+          f"{x.get('hash_draw', 0):>4} "
+          f"{x['cells_per_level']:>8,} {x['events']:>11,} "
           f"{x['exact_raised']:>6} {x['recall']:>7.4f} {x['innocents_raised']:>9} {x['planted_recall']:>8.3f} "
           f"{x['delay_median_s']:>+8.3f} {x['delay_min_s']:>+8.3f} {x['delay_max_s']:>+8.3f}", flush=True)
 
@@ -246,6 +259,11 @@ def main() -> int:
     ap.add_argument("--sweep-keys", type=float, default=1e6)
     ap.add_argument("--sweep-rate", type=float, default=6.0)
     ap.add_argument("--quick", action="store_true", help="1e5 and 1e6 keys, 120 s, capacity 20k")
+    ap.add_argument("--schemes", default="independent",
+                    help="index schemes of the score sketches, comma-separated (independent, km)")
+    ap.add_argument("--no-dedup", action="store_true", help="skip the dedup rows")
+    ap.add_argument("--hash-draws", type=int, default=1,
+                    help="run each score row under this many hash draws (draw 0: the stream's own)")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--plot", default=None, help="write accuracy-*.png into this directory (needs matplotlib)")
     ap.add_argument("--replot", default=None, metavar="JSON",
@@ -263,19 +281,21 @@ def main() -> int:
     rates = [float(x) for x in args.rates.split(",")]
     print(f"# scores: {LEVELS} x {CELLS:,} cells, decay {LAMBDA}/s, raise at {RAISE_AT}; 1x = {BASE_RATE:,} "
           f"events/s; {args.seconds:g} s of event time")
-    print(f"{'background':>10} {'rate':>5} {'mode':>6} {'cells':>8} {'events':>11} {'exact':>6} {'recall':>7} "
+    schemes = tuple(args.schemes.split(","))
+    print(f"{'background':>10} {'rate':>5} {'mode':>6} {'scheme':>11} {'draw':>4} {'cells':>8} {'events':>11} {'exact':>6} {'recall':>7} "
           f"{'innocents':>9} {'planted':>8} {'d_med_s':>8} {'d_min_s':>8} {'d_max_s':>8}")
-    rows = score_rows(sizes, rates, args.seconds)
+    rows = score_rows(sizes, rates, args.seconds, schemes=schemes, draws=args.hash_draws)
     sweep = []
     if args.cells_sweep:
         print(f"\n# cells per level, {int(args.sweep_keys):,} background keys at {args.sweep_rate:g}x")
         sweep = score_rows([int(args.sweep_keys)], [args.sweep_rate], args.seconds,
-                           tuple(int(float(c)) for c in args.cells_sweep.split(",")))
+                           tuple(int(float(c)) for c in args.cells_sweep.split(",")), schemes)
     print(f"\n# dedup: capacity {args.capacity:,} keys per 60 s period, fp 0.1%, 2 generations, "
           f"{args.periods} periods; each key re-sent once inside the window")
     print(f"{'load':>6} {'overload':>14} {'keys':>10} {'dup_fwd':>10} {'share':>8} {'fdrops':>8} {'rate':>8} "
           f"{'fp_est':>10} {'window_s':>9}")
-    drows = dedup_rows(args.capacity, [float(x) for x in args.loads.split(",")], args.periods)
+    drows = [] if args.no_dedup else dedup_rows(args.capacity, [float(x) for x in args.loads.split(",")],
+                                                 args.periods)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"scores": rows, "cells_sweep": sweep, "dedup": drows}, f, indent=1)

@@ -10,8 +10,10 @@ Run it against the installed package (not the source tree), on a quiet machine.
 --vs-cltds: only the side-by-side of `query_many` on the pre-hashed ids against the
 CL-TDS query loop (the Rust crate DecayingCountMin is modelled on), on the same ids in
 the same run: builds benchmarks/cltds (cargo build --release), writes the ids there
-(target/), fills both sketches with one increment per id, then --runs rounds, each
-timing one pass of both (order alternating), after an untimed pass of each. Without
+(target/), fills the sketches with one increment per id (DecayingCountMin under each
+index scheme, independent and km), then --runs rounds, each timing one pass of the
+three (order rotating), after an untimed pass of each, in wall time and in the CPU time
+of the thread running the loop (the harness reports both). Without
 --cltds-src the harness times its re-implementation of the crate's loop (crates.io as
 reachable here has no cl-tds); with --cltds-src DIR it builds against the crate's
 source tree in DIR (a checkout of cl-tds 0.0.1).
@@ -20,6 +22,7 @@ source tree in DIR (a checkout of cl-tds 0.0.1).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import subprocess
 import sys
@@ -68,44 +71,68 @@ def vs_cltds(args, w: Workload, hb, res: dict) -> None:
     ids = CLTDS_DIR / "target" / f"ids-{args.events}-{args.keys}.u64"
     w.hashes.astype("<u8").tofile(ids)
     n = len(w.hashes)
-    sk = DecayingCountMin(epoch_ms=None)
-    each(sk.increment_many, hb)  # one increment per id, as the harness fills its sketch
+    sketches = {}
+    for scheme in ("independent", "km"):
+        sketches[scheme] = DecayingCountMin(epoch_ms=None, index_scheme=scheme)
+        each(sketches[scheme].increment_many, hb)  # one increment per id, as the harness fills its sketch
 
-    def ours() -> float:
+    def ours(scheme: str) -> tuple[float, float]:
+        """(wall, thread CPU) rates of one timed pass."""
+        sk = sketches[scheme]
         each(sk.query_many, hb)  # untimed pass
-        return n / timed(lambda: each(sk.query_many, hb), 1)[0]
+        gc.collect()
+        c0, w0 = time.thread_time(), time.perf_counter()
+        each(sk.query_many, hb)
+        w, c = time.perf_counter() - w0, time.thread_time() - c0
+        return n / w, n / c
 
-    def theirs() -> tuple[float, dict]:
+    def theirs() -> tuple[float, float, dict]:
         p = subprocess.run(
             [str(exe), str(ids), "--runs", "1"], capture_output=True, text=True, check=True
         )
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("CLTDS ")][-1]
         info = json.loads(line[len("CLTDS ") :])
-        return info["query_ids_per_s"][0], info
+        return info["query_ids_per_s"][0], info["query_ids_per_cpu_s"][0], info
 
-    a, b = [], []
+    # Rounds rotate the order of the three (independent, km, CL-TDS), so none always runs
+    # first or last. Each pass is measured in wall time and in the CPU time of the thread
+    # running the loop (on a loaded machine the wall time also counts time descheduled).
+    names = ("independent", "km", "cltds")
+    rates: dict[str, list[float]] = {x: [] for x in names}
+    cpu: dict[str, list[float]] = {x: [] for x in names}
+    info: dict = {}
     for r in range(args.runs):
-        if r % 2 == 0:
-            a.append(ours())
-            rate, info = theirs()
-        else:
-            rate, info = theirs()
-            a.append(ours())
-        b.append(rate)
-        print(
-            f"  round {r}: query_many {a[-1] / 1e6:7.1f} M ids/s   "
-            f"CL-TDS query loop {b[-1] / 1e6:7.1f} M ids/s"
-        )
-    ma, mb = median(a) / 1e6, median(b) / 1e6
-    print(f"  query_many, pre-hashed uint64, batches of {args.batch:,}: {ma:8.1f} M ids/s (median)")
-    print(f"  CL-TDS query loop, {info['impl']}: {mb:8.1f} M ids/s (median)")
-    print(f"  ratio query_many / CL-TDS: {ma / mb:.2f}")
+        for name in names[r % 3:] + names[: r % 3]:
+            if name == "cltds":
+                a, b, info = theirs()
+            else:
+                a, b = ours(name)
+            rates[name].append(a)
+            cpu[name].append(b)
+        print("  round %d: query_many independent %6.1f (%6.1f CPU), km %6.1f (%6.1f), CL-TDS query loop "
+              "%6.1f (%6.1f) M ids/s" % (r, *(v / 1e6 for x in names for v in (rates[x][-1], cpu[x][-1]))))
+    mi, mk, mb = (median(rates[x]) / 1e6 for x in names)
+    ci, ck, cb = (median(cpu[x]) / 1e6 for x in names)
+    print(f"  query_many, pre-hashed uint64, batches of {args.batch:,}, index_scheme=independent: "
+          f"{mi:8.1f} M ids/s wall, {ci:8.1f} CPU (medians)")
+    print(f"  query_many, same, index_scheme=km: {mk:8.1f} M ids/s wall, {ck:8.1f} CPU")
+    print(f"  CL-TDS query loop, {info['impl']}: {mb:8.1f} M ids/s wall, {cb:8.1f} CPU")
+    print(f"  ratio query_many / CL-TDS: independent {mi / mb:.2f} wall, {ci / cb:.2f} CPU; "
+          f"km {mk / mb:.2f} wall, {ck / cb:.2f} CPU")
     res.update(
-        query_prehashed_mev_s_runs=[x / 1e6 for x in a],
-        cltds_query_mev_s_runs=[x / 1e6 for x in b],
-        query_prehashed_mev_s=ma,
+        query_prehashed_mev_s_runs=[x / 1e6 for x in rates["independent"]],
+        query_prehashed_km_mev_s_runs=[x / 1e6 for x in rates["km"]],
+        cltds_query_mev_s_runs=[x / 1e6 for x in rates["cltds"]],
+        query_prehashed_cpu_mev_s_runs=[x / 1e6 for x in cpu["independent"]],
+        query_prehashed_km_cpu_mev_s_runs=[x / 1e6 for x in cpu["km"]],
+        cltds_query_cpu_mev_s_runs=[x / 1e6 for x in cpu["cltds"]],
+        query_prehashed_mev_s=mi,
+        query_prehashed_km_mev_s=mk,
         cltds_query_mev_s=mb,
-        ratio=ma / mb,
+        ratio=mi / mb,
+        ratio_km=mk / mb,
+        ratio_cpu=ci / cb,
+        ratio_km_cpu=ck / cb,
         cltds_impl=info["impl"],
         cltds_increment_mev_s=info["increment_ids_per_s"] / 1e6,
     )

@@ -10,11 +10,13 @@ cimport numpy as cnp
 import numpy as np
 import math
 
-from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
+from ghash cimport (Hasher, make_hasher, hash_key, set_siphash_key, gh_ix_word, gh_ix_reduce,
+                    GH_IX_KM, GH_IX_INDEPENDENT)
 
 from grudge_stream._cyext._hashing import algorithm_code
 from grudge_stream.envelope import KIND_FORGETTING_BLOOM, pack, unpack
 from grudge_stream.sketches import bloom_config as _bloom_config
+from grudge_stream.sketches._validate import scheme_of_dict
 
 include "_common.pxi"
 
@@ -23,6 +25,8 @@ cnp.import_array()
 cdef extern from "gsketch.h" nogil:
     uint64_t gs_fastmod_magic(uint32_t d)
     uint32_t gs_km_index_p(uint64_t h, uint32_t i, uint64_t magic, uint32_t d, uint32_t pmask)
+    void gs_indexes(int ix, uint64_t h, uint32_t n, uint64_t magic, uint32_t d, uint32_t pmask,
+                    uint32_t* out)
     void gs_prefetch_w(const void* p)
     void gs_prefetch_r(const void* p)
     void* gs_alloc_zeroed(size_t n)
@@ -56,7 +60,7 @@ cdef object _config_module():
 
 cdef class ForgettingBloom(_Sketch):
     """ForgettingBloom(*, capacity, fp_rate, generations=2, period_ms=None, seed=0,
-    hasher="murmur3", overload="shrink_window", clock=None)
+    hasher="murmur3", overload="shrink_window", index_scheme="independent", clock=None)
 
     A Bloom filter that forgets gradually: a set of known keys for dedup, novelty
     and skip-the-check caches.
@@ -84,6 +88,11 @@ cdef class ForgettingBloom(_Sketch):
     about ``fp_rate``, see :meth:`fp_rate_estimate`). As a skip-the-check cache
     it fails open, so insert only keys the backend accepted.
 
+    ``index_scheme``: how a key's k positions derive from its 64-bit hash,
+    ``"independent"`` (default) or ``"km"`` (Kirsch-Mitzenmacher, grudge-stream 0.2's;
+    two keys then share all k positions with probability about ``positions**-2``
+    instead of ``positions**-k``): docs/hashing.md.
+
     Memory: ``bloom_sizing(capacity, fp_rate, generations).memory_bytes``
     (``positions * group_bits / 8``; 2.75 MB for 1M keys at 1 % with 2 generations).
     """
@@ -91,6 +100,7 @@ cdef class ForgettingBloom(_Sketch):
     cdef uint64_t* _words
     cdef Py_ssize_t _nwords
     cdef uint32_t _m, _pmask, _k
+    cdef int _ix                    # index scheme: GH_IX_INDEPENDENT or GH_IX_KM
     cdef uint64_t _magic
     cdef int _G, _lgw, _lgpw
     cdef uint64_t _gmask            # the G generation bits of one group (at offset 0)
@@ -117,10 +127,10 @@ cdef class ForgettingBloom(_Sketch):
         free(self._words)
 
     def __init__(self, *, capacity, fp_rate, generations=2, period_ms=None, seed=0,
-                 hasher="murmur3", overload="shrink_window", clock=None):
+                 hasher="murmur3", overload="shrink_window", index_scheme="independent", clock=None):
         cfg = _config_module().BloomConfig(capacity=capacity, fp_rate=fp_rate, generations=generations,
                                            period_ms=period_ms, seed=seed, hasher=hasher,
-                                           overload=overload)
+                                           overload=overload, index_scheme=index_scheme)
         self._setup(cfg, clock)
 
     cdef _setup(self, cfg, clock):
@@ -135,6 +145,7 @@ cdef class ForgettingBloom(_Sketch):
         self._m = sz.positions
         self._magic = gs_fastmod_magic(self._m)
         self._pmask = (self._m - 1) if (self._m & (self._m - 1)) == 0 else 0
+        self._ix = GH_IX_INDEPENDENT if cfg.index_scheme == "independent" else GH_IX_KM
         self._k = sz.hashes
         self._G = cfg.generations
         self._lgw = 0
@@ -278,7 +289,8 @@ cdef class ForgettingBloom(_Sketch):
     def __repr__(self):
         c = self._config
         return (f"ForgettingBloom(capacity={c.capacity}, fp_rate={c.fp_rate}, generations={c.generations}, "
-                f"period_ms={c.period_ms}, seed={c.seed}, hasher={c.hasher!r}, overload={c.overload!r})")
+                f"period_ms={c.period_ms}, seed={c.seed}, hasher={c.hasher!r}, overload={c.overload!r}, "
+                f"index_scheme={c.index_scheme!r})")
 
     # ------------------------------------------------------------------ generations
 
@@ -443,24 +455,48 @@ cdef class ForgettingBloom(_Sketch):
 
     cdef inline bint _probe(self, uint64_t h, uint64_t live) noexcept nogil:
         """True when some generation in `live` has all k bits of h set."""
-        cdef uint64_t acc = live
+        cdef uint64_t acc = live, w = 0
         cdef uint32_t i, idx
         cdef int lgw = self._lgw, lgpw = self._lgpw
         cdef uint32_t pwm = (1u << lgpw) - 1
+        cdef bint ix = self._ix == GH_IX_INDEPENDENT
         for i in range(self._k):
-            idx = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
+            # Index by index, so a miss stops early (independent: a word per two indexes).
+            if ix:
+                if (i & 1) == 0:
+                    w = gh_ix_word(h, i >> 1)
+                idx = gh_ix_reduce(<uint32_t>(w >> ((i & 1) * 32)), self._m)
+            else:
+                idx = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
             acc &= self._words[idx >> lgpw] >> ((idx & pwm) << lgw)
             if (acc & live) == 0:
                 return False
         return True
 
-    cdef inline void _insert(self, uint64_t h) noexcept nogil:
-        """Set h's k bits in the newest generation (``_set_bits``); when that fills it,
-        rotate (shrink_window) or count an overload (raise_fp, beyond capacity)."""
-        cdef uint32_t idx[MAXK]
+    cdef inline bint _probe_at(self, const uint32_t* idx, uint64_t live) noexcept nogil:
+        """``_probe`` over indexes already computed (``_indexes``)."""
+        cdef uint64_t acc = live
         cdef uint32_t i
+        cdef int lgw = self._lgw, lgpw = self._lgpw
+        cdef uint32_t pwm = (1u << lgpw) - 1
         for i in range(self._k):
-            idx[i] = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
+            acc &= self._words[idx[i] >> lgpw] >> ((idx[i] & pwm) << lgw)
+            if (acc & live) == 0:
+                return False
+        return True
+
+    cdef inline void _indexes(self, uint64_t h, uint32_t* idx) noexcept nogil:
+        """h's k positions under the filter's index scheme."""
+        gs_indexes(self._ix, h, self._k, self._magic, self._m, self._pmask, idx)
+
+    cdef inline void _insert(self, uint64_t h) noexcept nogil:
+        cdef uint32_t idx[MAXK]
+        self._indexes(h, idx)
+        self._insert_at(idx)
+
+    cdef inline void _insert_at(self, const uint32_t* idx) noexcept nogil:
+        """Set the k bits at ``idx`` in the newest generation (``_set_bits``); when that
+        fills it, rotate (shrink_window) or count an overload (raise_fp, beyond capacity)."""
         if self._set_bits(idx, self._newest):
             if not self._raise_fp:
                 self._capacity_full()
@@ -494,11 +530,12 @@ cdef class ForgettingBloom(_Sketch):
         self._counts[g] += 1
         return <uint64_t>self._counts[g] >= self._capacity
 
-    cdef inline void _prefetch(self, uint64_t h) noexcept nogil:
-        cdef uint32_t i, idx
+    cdef inline void _prefetch(self, uint64_t h, uint32_t* idx) noexcept nogil:
+        """h's positions into ``idx``, their words prefetched."""
+        cdef uint32_t i
+        self._indexes(h, idx)
         for i in range(self._k):
-            idx = gs_km_index_p(h, i, self._magic, self._m, self._pmask)
-            gs_prefetch_w(self._words + (idx >> self._lgpw))
+            gs_prefetch_r(self._words + (idx[i] >> self._lgpw))
 
     cdef void _run(self, int op, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                    uint8_t* out) noexcept nogil:
@@ -520,13 +557,12 @@ cdef class ForgettingBloom(_Sketch):
         cdef uint32_t r, idx
         cdef uint64_t acc = 0, h
         cdef int g = self._newest
+        cdef int ix = self._ix
         for j in range(n if n < PF else PF):
             slot = ring + j * MAXK
-            h = hs[j]
+            gs_indexes(ix, hs[j], k, magic, m, pmask, slot)
             for r in range(k):
-                idx = gs_km_index_p(h, r, magic, m, pmask)
-                slot[r] = idx
-                gs_prefetch_w(words + (idx >> lgpw))
+                gs_prefetch_w(words + (slot[r] >> lgpw))
         for i in range(n):
             slot = ring + (i & (PF - 1)) * MAXK
             if ts != NULL:
@@ -554,27 +590,28 @@ cdef class ForgettingBloom(_Sketch):
                     self._overloads += 1
             j = i + PF
             if j < n:
-                h = hs[j]
+                gs_indexes(ix, hs[j], k, magic, m, pmask, slot)
                 for r in range(k):
-                    idx = gs_km_index_p(h, r, magic, m, pmask)
-                    slot[r] = idx
-                    gs_prefetch_w(words + (idx >> lgpw))
+                    gs_prefetch_w(words + (slot[r] >> lgpw))
         self._t_hi = t_hi
 
     cdef void _run_contains(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                             uint64_t live0, uint8_t* out) noexcept nogil:
+        """contains for each key: the positions of key i + PF computed into a ring and their
+        words prefetched while key i is probed from the ring."""
+        cdef uint32_t ring[PF * MAXK]
         cdef Py_ssize_t i
         cdef uint64_t live
         cdef int64_t p
         for i in range(n if n < PF else PF):
-            self._prefetch(hs[i])
+            self._prefetch(hs[i], ring + i * MAXK)
         for i in range(n):
             live = live0
             if ts != NULL and self._started and ts[i] >= self._win_hi:
                 live = self._live_after(self._pending_at(ts[i]))
-            out[i] = self._probe(hs[i], live) if live else False
+            out[i] = self._probe_at(ring + (i & (PF - 1)) * MAXK, live) if live else False
             if i + PF < n:
-                self._prefetch(hs[i + PF])
+                self._prefetch(hs[i + PF], ring + ((i + PF) & (PF - 1)) * MAXK)
 
     # ------------------------------------------------------------------ single-key API
 
@@ -599,11 +636,13 @@ cdef class ForgettingBloom(_Sketch):
     def add_if_absent(self, key, now_ms=None):
         """Streaming dedup: True (and insert) when ``key`` is in no live generation;
         False (no insert, no refresh) when it is, or looks like it is (a false positive)."""
+        cdef uint32_t idx[MAXK]
         cdef uint64_t h = hash_key(&self._hasher, key)
         self._advance_to(now_ms)
-        if self._probe(h, self._gmask):
+        self._indexes(h, idx)
+        if self._probe_at(idx, self._gmask):
             return False
-        self._insert(h)
+        self._insert_at(idx)
         return True
 
     # ------------------------------------------------------------------ batch API
@@ -776,15 +815,18 @@ cdef class ForgettingBloom(_Sketch):
             raise SnapshotError(f"ForgettingBloom snapshot has an unknown header format {fmt!r}; this release "
                                 f"reads format {FORMAT} and format 1 (no format field). Operator action: load "
                                 f"it with the release that wrote it.")
-        if set(header) != cfg_fields | state_fields:
+        # index_scheme: absent in 0.2 snapshots and in KM ones, which keep that form.
+        if set(header) - {"index_scheme"} != cfg_fields | state_fields or \
+                (fmt == 1 and "index_scheme" in header):
             raise SnapshotError(f"ForgettingBloom snapshot (format {fmt}) header has fields {sorted(header)}, "
-                                f"expected {sorted(cfg_fields | state_fields)}")
+                                f"expected {sorted(cfg_fields | state_fields)} (and index_scheme)")
         if type(header["fp_rate"]) is not float:
             raise SnapshotError("ForgettingBloom snapshot fp_rate is not a float")
         if fmt == FORMAT and type(header["overload"]) is not str:
             raise SnapshotError("ForgettingBloom snapshot overload is not a string")
         try:
-            cfg = _config_module().BloomConfig(**{k: header[k] for k in cfg_fields})
+            cfg = _config_module().BloomConfig(**{k: header[k] for k in cfg_fields},
+                                               index_scheme=scheme_of_dict(header))
         except (ConfigError, TypeError) as exc:
             raise SnapshotError(f"ForgettingBloom snapshot holds an invalid config: {exc}") from None
         cdef ForgettingBloom self = ForgettingBloom.__new__(ForgettingBloom)

@@ -229,6 +229,13 @@ cdef class _Sketch:
         return self._config.seed
 
     @property
+    def index_scheme(self):
+        """How a key's cells derive from its hash: ``"independent"`` or ``"km"``
+        (docs/hashing.md); part of the config and of every snapshot."""
+        c = self._config
+        return c.sketch.index_scheme if hasattr(c, "sketch") else c.index_scheme
+
+    @property
     def clock(self):
         return self._clock
 

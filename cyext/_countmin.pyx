@@ -13,11 +13,12 @@ import struct
 
 U64_MAX = (1 << 64) - 1
 
-from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key
+from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key, GH_IX_KM, GH_IX_INDEPENDENT
 
 from grudge_stream._cyext._hashing import algorithm_code
 from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
 from grudge_stream.sketches import countmin_config as _countmin_config
+from grudge_stream.sketches._validate import scheme_of_dict
 
 include "_common.pxi"
 include "_topk.pxi"
@@ -36,12 +37,18 @@ cdef extern from "gsketch.h" nogil:
     uint64_t gs_fastmod_magic(uint32_t d)
     uint32_t gs_km_index(uint64_t h, uint32_t i, uint64_t magic, uint32_t d)
     uint32_t gs_km_index_p(uint64_t h, uint32_t i, uint64_t magic, uint32_t d, uint32_t pmask)
+    void gs_indexes(int ix, uint64_t h, uint32_t n, uint64_t magic, uint32_t d, uint32_t pmask,
+                    uint32_t* out)
     void gs_prefetch_w(const void* p)
     void gs_prefetch_r(const void* p)
     void* gs_alloc_zeroed(size_t n)
     int64_t gs_floordiv(int64_t a, int64_t b)
     void gs_cm_query4(const uint32_t* cells, const uint64_t* hs, Py_ssize_t n, int64_t* out,
                       uint32_t emod, uint32_t width, uint32_t pmask, int cbits, uint32_t smask)
+    void gs_cm_query4_ix(const uint32_t* cells, const uint64_t* hs, Py_ssize_t n, int64_t* out,
+                         uint32_t emod, uint32_t width, int cbits, uint32_t smask)
+    void gs_cm_inc4_ix(uint32_t* cells, const uint64_t* hs, Py_ssize_t n, uint32_t w,
+                       uint32_t emod, uint32_t width, int cbits, uint32_t smask)
 
 cdef enum:
     MAX_DEPTH = 32      # mirrors grudge_stream.sketches.countmin.MAX_DEPTH
@@ -125,6 +132,7 @@ ctypedef struct Geometry:
     uint32_t width          # cells per row
     uint64_t magic          # gs_fastmod_magic(width)
     uint32_t pmask          # width - 1 when width is a power of two >= 2, else 0
+    int ix                  # index scheme: GH_IX_INDEPENDENT or GH_IX_KM (ghash.h)
     int cbits
     uint32_t cmask
     uint32_t smask
@@ -132,23 +140,25 @@ ctypedef struct Geometry:
     uint32_t stamp          # emod << cbits
 
 
-cdef inline void _prefetch_rows(Geometry G, uint64_t h, bint write) noexcept nogil:
-    """Prefetch the key's cell in every row (for writing or reading). ``G`` is taken by
-    value: a Geometry whose address is never taken stays in registers (the cells are
-    written through uint32_t pointers, and the build turns off strict aliasing)."""
+cdef inline void _prefetch_rows(Geometry G, uint64_t h, uint32_t* idx, bint write) noexcept nogil:
+    """The key's cell index in every row (the sketch's index scheme) into ``idx``, each
+    cell prefetched (for writing or reading). ``G`` is taken by value: a Geometry whose
+    address is never taken stays in registers (the cells are written through uint32_t
+    pointers, and the build turns off strict aliasing)."""
     cdef uint32_t* row = G.cells
     cdef uint32_t r
+    gs_indexes(G.ix, h, G.rows, G.magic, G.width, G.pmask, idx)
     for r in range(G.rows):
         if write:
-            gs_prefetch_w(row + gs_km_index_p(h, r, G.magic, G.width, G.pmask))
+            gs_prefetch_w(row + idx[r])
         else:
-            gs_prefetch_r(row + gs_km_index_p(h, r, G.magic, G.width, G.pmask))
+            gs_prefetch_r(row + idx[r])
         row += G.width
 
 
 cdef class DecayingCountMin(_Sketch):
     """DecayingCountMin(*, depth=4, width=65536, epoch_ms=1000, counter_bits=24, seed=0,
-    hasher="murmur3", top_k=0, clock=None)
+    hasher="murmur3", top_k=0, index_scheme="independent", clock=None)
 
     A count-min sketch of decaying counts: "what is hot right now".
 
@@ -166,7 +176,10 @@ cdef class DecayingCountMin(_Sketch):
     epoch_ms: epoch length in ms of event time, or None for manual :meth:`tick`.
     counter_bits: counter width (4..27); the stamp field gets the rest of 32 bits.
     seed, hasher: hashing (``"murmur3"`` or ``"siphash"``, use siphash for keys an
-        attacker chooses); rows use Kirsch-Mitzenmacher indexes of one 64-bit hash.
+        attacker chooses); one 64-bit hash per key.
+    index_scheme: how the rows' indexes derive from that hash: ``"independent"``
+        (default; each row from its own 32 bits of a remix) or ``"km"``
+        (Kirsch-Mitzenmacher, grudge-stream 0.2's): docs/hashing.md.
     top_k: size N of the heavy-hitter candidate set behind :meth:`top` (0 = off);
         adds ``32 * N + 4 * table`` bytes (table = next power of two >= 2N).
     clock: where ``now_ms`` is read when omitted (default the system clock).
@@ -183,6 +196,7 @@ cdef class DecayingCountMin(_Sketch):
     cdef uint32_t _depth, _width
     cdef uint64_t _magic
     cdef uint32_t _pmask            # width - 1 when width is a power of two >= 2, else 0
+    cdef int _ix                    # index scheme: GH_IX_INDEPENDENT or GH_IX_KM
     cdef int _cbits
     cdef uint32_t _cmask, _smask
     cdef int64_t _epoch_ms          # 0 in manual mode
@@ -200,10 +214,10 @@ cdef class DecayingCountMin(_Sketch):
         free(self._cells)
 
     def __init__(self, *, depth=4, width=65_536, epoch_ms=1_000, counter_bits=24, seed=0,
-                 hasher="murmur3", top_k=0, clock=None):
+                 hasher="murmur3", top_k=0, index_scheme="independent", clock=None):
         cfg = _config_module().CountMinConfig(
             depth=depth, width=width, epoch_ms=epoch_ms, counter_bits=counter_bits,
-            seed=seed, hasher=hasher, top_k=top_k)
+            seed=seed, hasher=hasher, top_k=top_k, index_scheme=index_scheme)
         self._setup(cfg, clock)
 
     cdef _setup(self, cfg, clock):
@@ -217,6 +231,7 @@ cdef class DecayingCountMin(_Sketch):
         self._width = cfg.width
         self._magic = gs_fastmod_magic(self._width)
         self._pmask = (self._width - 1) if (self._width >= 2 and (self._width & (self._width - 1)) == 0) else 0
+        self._ix = GH_IX_INDEPENDENT if cfg.index_scheme == "independent" else GH_IX_KM
         self._ncells = <Py_ssize_t>self._depth * <Py_ssize_t>self._width
         self._cbits = cfg.counter_bits
         self._cmask = (1u << self._cbits) - 1u
@@ -284,7 +299,8 @@ cdef class DecayingCountMin(_Sketch):
     def __repr__(self):
         c = self._config
         return (f"DecayingCountMin(depth={c.depth}, width={c.width}, epoch_ms={c.epoch_ms}, "
-                f"counter_bits={c.counter_bits}, seed={c.seed}, hasher={c.hasher!r}, top_k={c.top_k})")
+                f"counter_bits={c.counter_bits}, seed={c.seed}, hasher={c.hasher!r}, top_k={c.top_k}, "
+                f"index_scheme={c.index_scheme!r})")
 
     # ------------------------------------------------------------------ epochs
 
@@ -384,15 +400,16 @@ cdef class DecayingCountMin(_Sketch):
         cdef uint64_t extra
         cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & self._smask
         cdef uint32_t est = 0xFFFFFFFFu, v, g, c
-        cdef uint32_t r, idx
+        cdef uint32_t r
+        cdef uint32_t idx[MAX_DEPTH]
         if not self._started:
             return 0
         extra = <uint64_t>q - <uint64_t>self._E
         if extra >= <uint64_t>self._cbits:
             return 0
+        gs_indexes(self._ix, h, self._depth, self._magic, self._width, self._pmask, idx)
         for r in range(self._depth):
-            idx = gs_km_index_p(h, r, self._magic, self._width, self._pmask)
-            c = self._cells[<Py_ssize_t>r * self._width + idx]
+            c = self._cells[<Py_ssize_t>r * self._width + idx[r]]
             g = ((emod - (c >> self._cbits)) & self._smask) + <uint32_t>extra
             v = ((c & self._cmask) >> g) if g < <uint32_t>self._cbits else 0
             if v < est:
@@ -403,13 +420,14 @@ cdef class DecayingCountMin(_Sketch):
         """Decay the key's cells to E, add w (saturating); return the new estimate."""
         cdef uint32_t emod = <uint32_t>(<uint64_t>self._E) & self._smask
         cdef uint32_t stamp = emod << self._cbits
-        cdef uint32_t est = 0xFFFFFFFFu, v, r, idx
+        cdef uint32_t est = 0xFFFFFFFFu, v, r
+        cdef uint32_t idx[MAX_DEPTH]
         cdef uint32_t* p
         if w > self._cmask:
             w = self._cmask
+        gs_indexes(self._ix, h, self._depth, self._magic, self._width, self._pmask, idx)
         for r in range(self._depth):
-            idx = gs_km_index_p(h, r, self._magic, self._width, self._pmask)
-            p = self._cells + <Py_ssize_t>r * self._width + idx
+            p = self._cells + <Py_ssize_t>r * self._width + idx[r]
             v = _decayed(p[0], emod, self._cbits, self._cmask, self._smask) + <uint32_t>w
             if v > self._cmask:
                 v = self._cmask
@@ -426,6 +444,7 @@ cdef class DecayingCountMin(_Sketch):
         g.width = self._width
         g.magic = self._magic
         g.pmask = self._pmask
+        g.ix = self._ix
         g.cbits = self._cbits
         g.cmask = self._cmask
         g.smask = self._smask
@@ -445,13 +464,15 @@ cdef class DecayingCountMin(_Sketch):
         cdef uint32_t r, v, est, c, w
         cdef uint32_t* p
         cdef uint32_t* row
+        cdef uint32_t* idx
+        cdef uint32_t ring[PF][MAX_DEPTH]
         cdef uint64_t h
         cdef int32_t adm
         if w0 > G.cmask:
             w0 = G.cmask
         w = <uint32_t>w0
         for j in range(n if n < PF else PF):
-            _prefetch_rows(G, hs[j], True)
+            _prefetch_rows(G, hs[j], &ring[j & (PF - 1)][0], True)
         for i in range(n):
             if ts != NULL and ts[i] >= win_hi:
                 self._advance(self._epoch_of(ts[i]))
@@ -462,10 +483,11 @@ cdef class DecayingCountMin(_Sketch):
             if ws != NULL:
                 w = G.cmask if ws[i] > G.cmask else <uint32_t>ws[i]
             h = hs[i]
+            idx = &ring[i & (PF - 1)][0]
             row = G.cells
             est = 0xFFFFFFFFu
             for r in range(G.rows):
-                p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
+                p = row + idx[r]
                 c = p[0]
                 v = _decayed(c, G.emod, G.cbits, G.cmask, G.smask)
                 v = v + w
@@ -481,58 +503,69 @@ cdef class DecayingCountMin(_Sketch):
                     self._topk._mark_dirty(adm, i)
                 tmin = self._topk._tmin
             if i + PF < n:
-                _prefetch_rows(G, hs[i + PF], True)
+                _prefetch_rows(G, hs[i + PF], &ring[(i + PF) & (PF - 1)][0], True)
 
     cdef void _run_plain(self, const uint64_t* hs, Py_ssize_t n, uint32_t w) noexcept nogil:
-        """The common batch: one weight, one epoch, no candidate set; indexes are
-        recomputed rather than buffered (cheaper than a ring at this size)."""
+        """The common batch: one weight, one epoch, no candidate set. Depth 4 under
+        independent levels runs gs_cm_inc4_ix (gsketch.h: rows unrolled, no branch per
+        cell); otherwise each event's indexes are computed once, when its cells are
+        prefetched PF events ahead, and kept in a ring until it is applied."""
         cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, c
         cdef uint32_t* p
         cdef uint32_t* row
-        cdef uint64_t h
+        cdef uint32_t* idx
+        cdef uint32_t ring[PF][MAX_DEPTH]
+        if G.rows == 4 and G.ix == GH_IX_INDEPENDENT:
+            gs_cm_inc4_ix(G.cells, hs, n, w if w < G.cmask else G.cmask, G.emod, G.width, G.cbits, G.smask)
+            return
         for j in range(n if n < PF else PF):
-            _prefetch_rows(G, hs[j], True)
+            _prefetch_rows(G, hs[j], &ring[j & (PF - 1)][0], True)
         for i in range(n):
-            h = hs[i]
+            idx = &ring[i & (PF - 1)][0]
             row = G.cells
             for r in range(G.rows):
-                p = row + gs_km_index_p(h, r, G.magic, G.width, G.pmask)
+                p = row + idx[r]
                 c = p[0]
                 v = _decayed(c, G.emod, G.cbits, G.cmask, G.smask)
                 v = v + w
                 p[0] = G.stamp | (v if v < G.cmask else G.cmask)
                 row += G.width
             if i + PF < n:
-                _prefetch_rows(G, hs[i + PF], True)
+                _prefetch_rows(G, hs[i + PF], &ring[(i + PF) & (PF - 1)][0], True)
 
     cdef void _run_query_plain(self, const uint64_t* hs, Py_ssize_t n, int64_t* out) noexcept nogil:
-        """The common read: every key at the sketch's current epoch. Depth 4 with a
-        power-of-two width (the default layout) runs gs_cm_query4 (gsketch.h): rows
-        unrolled, no branch per cell, constants for the default 65536 x 24-bit layout."""
+        """The common read: every key at the sketch's current epoch. Depth 4 runs the
+        read kernels of gsketch.h (rows unrolled, no branch per cell, constants for the
+        default 65536 x 24-bit layout): gs_cm_query4_ix under independent levels (any
+        width), gs_cm_query4 under KM (a power-of-two width)."""
         cdef Geometry G = self._geometry()
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, est, c
         cdef uint32_t* row
-        cdef uint64_t h
+        cdef uint32_t* idx
+        cdef uint32_t ring[PF][MAX_DEPTH]
+        if G.rows == 4 and G.ix == GH_IX_INDEPENDENT:
+            gs_cm_query4_ix(G.cells, hs, n, out, G.emod, G.width, G.cbits, G.smask)
+            return
         if G.rows == 4 and G.pmask != 0:
             gs_cm_query4(G.cells, hs, n, out, G.emod, G.width, G.pmask, G.cbits, G.smask)
             return
         for j in range(n if n < PF else PF):
-            _prefetch_rows(G, hs[j], False)
+            _prefetch_rows(G, hs[j], &ring[j & (PF - 1)][0], False)
         for i in range(n):
-            h = hs[i]
+            idx = &ring[i & (PF - 1)][0]
             row = G.cells
             est = 0xFFFFFFFFu
             for r in range(G.rows):
-                c = row[gs_km_index_p(h, r, G.magic, G.width, G.pmask)]
+                c = row[idx[r]]
                 v = _decayed(c, G.emod, G.cbits, G.cmask, G.smask)
                 est = v if v < est else est
                 row += G.width
             out[i] = est
             if i + PF < n:
-                _prefetch_rows(G, hs[i + PF], False)
+                _prefetch_rows(G, hs[i + PF], &ring[(i + PF) & (PF - 1)][0], False)
 
     cdef void _run_query(self, const uint64_t* hs, Py_ssize_t n, const int64_t* ts,
                          int64_t q0, int64_t* out) noexcept nogil:
@@ -543,13 +576,14 @@ cdef class DecayingCountMin(_Sketch):
         cdef Py_ssize_t i, j
         cdef uint32_t r, v, est, c, g
         cdef uint32_t* row
-        cdef uint64_t h
+        cdef uint32_t* idx
+        cdef uint32_t ring[PF][MAX_DEPTH]
         if not self._started:
             for i in range(n):
                 out[i] = 0
             return
         for j in range(n if n < PF else PF):
-            _prefetch_rows(G, hs[j], False)
+            _prefetch_rows(G, hs[j], &ring[j & (PF - 1)][0], False)
         for i in range(n):
             extra = extra0
             if ts != NULL:
@@ -559,11 +593,11 @@ cdef class DecayingCountMin(_Sketch):
             if extra >= <uint64_t>G.cbits:
                 est = 0
             else:
-                h = hs[i]
+                idx = &ring[i & (PF - 1)][0]
                 row = G.cells
                 est = 0xFFFFFFFFu
                 for r in range(G.rows):
-                    c = row[gs_km_index_p(h, r, G.magic, G.width, G.pmask)]
+                    c = row[idx[r]]
                     g = ((G.emod - (c >> G.cbits)) & G.smask) + <uint32_t>extra
                     v = ((c & G.cmask) >> g) if g < <uint32_t>G.cbits else 0
                     if v < est:
@@ -571,7 +605,7 @@ cdef class DecayingCountMin(_Sketch):
                     row += G.width
             out[i] = est
             if i + PF < n:
-                _prefetch_rows(G, hs[i + PF], False)
+                _prefetch_rows(G, hs[i + PF], &ring[(i + PF) & (PF - 1)][0], False)
 
     # ------------------------------------------------------------------ top-k admission
 
@@ -888,11 +922,13 @@ cdef class DecayingCountMin(_Sketch):
         cfgmod = _config_module()
         fields = {"depth", "width", "epoch_ms", "counter_bits", "seed", "hasher", "top_k",
                   "epoch", "base_epoch"}
-        if set(header) != fields:
+        # index_scheme: absent in 0.2 snapshots and in KM ones, which keep that form.
+        if set(header) - {"index_scheme"} != fields:
             raise SnapshotError(f"DecayingCountMin snapshot header has fields {sorted(header)}, "
-                                f"expected {sorted(fields)}")
+                                f"expected {sorted(fields)} (and index_scheme)")
         try:
-            cfg = cfgmod.CountMinConfig(**{k: header[k] for k in fields - {"epoch", "base_epoch"}})
+            cfg = cfgmod.CountMinConfig(**{k: header[k] for k in fields - {"epoch", "base_epoch"}},
+                                        index_scheme=scheme_of_dict(header))
         except (ConfigError, TypeError) as exc:
             raise SnapshotError(f"DecayingCountMin snapshot holds an invalid config: {exc}") from None
         cdef DecayingCountMin self = DecayingCountMin.__new__(DecayingCountMin)

@@ -1,12 +1,12 @@
 # The hashing kernel behind grudge_stream.hashing: one 64-bit hash per key,
-# then Kirsch-Mitzenmacher index derivation (see docs/hashing.md).
+# then the cell index derivation (independent levels or Kirsch-Mitzenmacher; docs/hashing.md).
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from cpython.bytes cimport PyBytes_FromStringAndSize
 cimport numpy as cnp
 import numpy as np
 
 from ghash cimport (Hasher, make_hasher, key_view, hash_key,
-                    gh_murmur3_64, gh_siphash24, gh_splitmix64, gh_km_index,
+                    gh_murmur3_64, gh_siphash24, gh_splitmix64, gh_km_index, gh_ix_indexes,
                     gh_hash, gh_crc32c_init, gh_crc32c, GH_MURMUR3, GH_SIPHASH)
 
 include "_keys.pxi"
@@ -82,14 +82,66 @@ def siphash_key(uint64_t seed):
     return (h.k0, h.k1)
 
 
-def level_indexes(uint64_t hash, Py_ssize_t levels, Py_ssize_t cells_per_level):
-    """Kirsch-Mitzenmacher cell indexes of one hash:
-    ``((h1 + i*h2) mod 2**32) mod M`` for ``i = 0..levels-1``."""
-    if levels < 1:
-        raise ValueError("levels must be >= 1")
+INDEX_SCHEMES = ("independent", "km")
+
+
+cdef bint _scheme_is_km(object scheme) except -1:
+    if scheme == "independent":
+        return False
+    if scheme == "km":
+        return True
+    raise ValueError(f"unknown index scheme {scheme!r}; expected 'independent' or 'km'")
+
+
+cdef int _check_shape(Py_ssize_t levels, Py_ssize_t cells_per_level) except -1:
+    if levels < 1 or levels > 64:
+        raise ValueError("levels must be in [1, 64]")
     if cells_per_level < 1 or cells_per_level > 0xFFFFFFFF:
         raise ValueError("cells_per_level must be in [1, 2**32 - 1]")
-    return [gh_km_index(hash, <uint32_t>i, <uint32_t>cells_per_level) for i in range(levels)]
+    return 0
+
+
+def level_indexes(uint64_t hash, Py_ssize_t levels, Py_ssize_t cells_per_level, scheme="independent"):
+    """The cell index of one hash at each level (row, Bloom position) ``i = 0..levels-1``,
+    as every sketch derives them (docs/hashing.md):
+
+    - ``"independent"``: word 0 is ``hash``; word j >= 1 is ``lo ^ hi`` of the 128-bit
+      product ``((hash + j * 0x9E3779B97F4A7C15) mod 2**64) * 0xBF58476D1CE4E5B9``; level
+      2j takes the low 32 bits x of word j, level 2j+1 its high 32 bits, each as
+      ``(x * M) >> 32``;
+    - ``"km"`` (Kirsch-Mitzenmacher, grudge-stream 0.2 and grudge):
+      ``((h1 + i*h2) mod 2**32) mod M`` with h1, h2 the low and high 32 bits.
+    """
+    cdef uint32_t idx[64]
+    cdef Py_ssize_t i
+    _check_shape(levels, cells_per_level)
+    if _scheme_is_km(scheme):
+        return [gh_km_index(hash, <uint32_t>i, <uint32_t>cells_per_level) for i in range(levels)]
+    gh_ix_indexes(hash, <uint32_t>levels, <uint32_t>cells_per_level, idx)
+    return [idx[i] for i in range(levels)]
+
+
+def level_indexes_many(const uint64_t[::1] hashes, Py_ssize_t levels, Py_ssize_t cells_per_level,
+                       scheme="independent"):
+    """``level_indexes`` of every hash: a ``(len(hashes), levels)`` uint32 array."""
+    cdef Py_ssize_t n = hashes.shape[0], i, j
+    cdef bint km
+    _check_shape(levels, cells_per_level)
+    km = _scheme_is_km(scheme)
+    out = np.empty((n, levels), dtype=np.uint32)
+    cdef uint32_t[:, ::1] o = out
+    cdef uint32_t m = <uint32_t>cells_per_level, L = <uint32_t>levels
+    if n == 0:
+        return out
+    with nogil:
+        if km:
+            for i in range(n):
+                for j in range(levels):
+                    o[i, j] = gh_km_index(hashes[i], <uint32_t>j, m)
+        else:
+            for i in range(n):
+                gh_ix_indexes(hashes[i], L, m, &o[i, 0])
+    return out
 
 
 def kafka_murmur2(data):

@@ -15,6 +15,7 @@ import collections
 import sys
 
 from ghash cimport (set_siphash_key, Hasher, make_hasher, key_view, hash_key, gh_km_index,
+                    gh_ix_indexes, GH_IX_KM, GH_IX_INDEPENDENT,
                     gh_hash, gh_splitmix64, GH_GOLDEN, GH_MURMUR3, GH_SIPHASH)
 
 from grudge_stream import envelope as _envelope
@@ -84,6 +85,7 @@ QueryDetail.__doc__ = """One key's read: the aggregate, each level's decayed sco
 ctypedef struct Core:
     uint32_t L
     uint32_t M
+    int ix            # index scheme: GH_IX_INDEPENDENT or GH_IX_KM (ghash.h)
     int decay         # DECAY_* code
     int agg           # A_* code
     double param      # lambda_per_s or rate_per_s
@@ -145,11 +147,21 @@ cdef inline double agg_finish(const Core* c, double acc) noexcept nogil:
     return acc
 
 
-cdef inline void k_index(const Core* c, gs_cell* t, uint64_t h, uint32_t* idx) noexcept nogil:
-    """Kirsch-Mitzenmacher cell indexes of hash h, prefetching each cell."""
+cdef inline void k_levels(const Core* c, uint64_t h, uint32_t* idx) noexcept nogil:
+    """The L cell indexes of hash h under the sketch's index scheme (one branch per key)."""
     cdef uint32_t i
+    if c.ix == GH_IX_INDEPENDENT:
+        gh_ix_indexes(h, c.L, c.M, idx)
+    else:
+        for i in range(c.L):
+            idx[i] = gh_km_index(h, i, c.M)
+
+
+cdef inline void k_index(const Core* c, gs_cell* t, uint64_t h, uint32_t* idx) noexcept nogil:
+    """The cell indexes of hash h (k_levels), prefetching each cell."""
+    cdef uint32_t i
+    k_levels(c, h, idx)
     for i in range(c.L):
-        idx[i] = gh_km_index(h, i, c.M)
         gs_prefetch_w(t + <size_t>i * c.M + idx[i])
 
 
@@ -397,6 +409,7 @@ cdef tuple _f64_arg(object x, Py_ssize_t n, str what):
 cdef int _setup_core(Core* c, object cfg) except -1:
     c.L = <uint32_t>cfg.levels
     c.M = <uint32_t>cfg.cells_per_level
+    c.ix = GH_IX_INDEPENDENT if cfg.index_scheme == "independent" else GH_IX_KM
     c.decay = cfg.decay._code
     c.param = cfg.decay._param
     c.agg = _AGG_CODES[cfg.aggregator]
@@ -684,8 +697,8 @@ cdef class ScoreSketch(_ScoreKernel):
     aggregator="min", hasher="murmur3", seed=None, clock=None)`` (keywords).
 
     ``levels`` x ``cells_per_level`` cells of ``(float64 score, int64 last_ms)``.
-    A key maps to one cell per level (one 64-bit hash, Kirsch-Mitzenmacher
-    indexes); every operation decays those cells lazily to ``now_ms``, then
+    A key maps to one cell per level (one 64-bit hash; each level's index from its
+    own bits of it, ``index_scheme``); every operation decays those cells lazily to ``now_ms``, then
     (writes) adds the delta and clamps to ``[lo, hi]``, and stamps them; reads
     write the decay back too. The key's score is the ``aggregator`` (``min``,
     ``max`` or ``mean``) of its cells.
@@ -702,6 +715,10 @@ cdef class ScoreSketch(_ScoreKernel):
             choose the keys).
         seed: 0..2**64-1; ``None`` means 0 (no randomness without a seed; pass a
             secret seed, or ``use_hash_key``, when attackers choose the keys).
+        index_scheme: ``"independent"`` (default: two keys share all their cells by
+            chance about ``cells_per_level**-levels``) or ``"km"`` (Kirsch-Mitzenmacher,
+            grudge-stream 0.2's and grudge's: all cells decided by ~2 log2(M) hash bits;
+            for their snapshots and test vectors). docs/hashing.md.
         clock: where ``now_ms`` comes from when omitted (default: system clock).
 
     Memory: ``memory_bytes() == 16 * levels * cells_per_level +
@@ -720,10 +737,11 @@ cdef class ScoreSketch(_ScoreKernel):
             self._table = NULL
 
     def __init__(self, *, levels, cells_per_level, decay, lo=0.0, hi=float("inf"),
-                 aggregator="min", hasher="murmur3", seed=None, clock=None):
+                 aggregator="min", hasher="murmur3", seed=None, index_scheme="independent",
+                 clock=None):
         cfg = ScoreSketchConfig(levels=levels, cells_per_level=cells_per_level, decay=decay,
                                 lo=lo, hi=hi, aggregator=aggregator, hasher=hasher,
-                                seed=resolve_seed(seed))
+                                seed=resolve_seed(seed), index_scheme=index_scheme)
         self._setup(cfg, clock)
 
     cdef int _setup(self, object cfg, object clock) except -1:
@@ -749,7 +767,7 @@ cdef class ScoreSketch(_ScoreKernel):
         c = self._config
         return (f"ScoreSketch(levels={c.levels}, cells_per_level={c.cells_per_level}, "
                 f"decay={c.decay!r}, lo={c.lo!r}, hi={c.hi!r}, aggregator={c.aggregator!r}, "
-                f"hasher={c.hasher!r}, seed={c.seed})")
+                f"hasher={c.hasher!r}, seed={c.seed}, index_scheme={c.index_scheme!r})")
 
     # -- single-key operations --------------------------------------------------------
 
@@ -931,8 +949,8 @@ cdef inline void _split_index(const Core* c, gs_cell* tp, gs_cell* tn, uint64_t 
                               uint32_t* idx) noexcept nogil:
     """k_index for a split pair: one set of indexes, both tables' cells prefetched."""
     cdef uint32_t i
+    k_levels(c, h, idx)
     for i in range(c.L):
-        idx[i] = gh_km_index(h, i, c.M)
         gs_prefetch_w(tp + <size_t>i * c.M + idx[i])
         gs_prefetch_w(tn + <size_t>i * c.M + idx[i])
 
@@ -1305,7 +1323,7 @@ cdef class Rotator(_ScoreKernel):
         return (f"Rotator(generations={c.generations}, period_ms={c.period_ms}, levels={s.levels}, "
                 f"cells_per_level={s.cells_per_level}, decay={s.decay!r}, lo={s.lo!r}, hi={s.hi!r}, "
                 f"aggregator={s.aggregator!r}, hasher={s.hasher!r}, seed={s.seed}, "
-                f"rotations={self._rotations})")
+                f"index_scheme={s.index_scheme!r}, rotations={self._rotations})")
 
     # -- operations -------------------------------------------------------------------
 

@@ -15,6 +15,12 @@ cdef extern from "ghash.h" nogil:
     uint64_t gh_siphash24(const unsigned char* data, size_t length, uint64_t k0, uint64_t k1)
     uint64_t gh_splitmix64(uint64_t state)
     uint32_t gh_km_index(uint64_t h, uint32_t i, uint32_t m)
+    uint32_t gh_ix_index(uint64_t h, uint32_t i, uint32_t m)
+    uint64_t gh_ix_word(uint64_t h, uint32_t j)
+    uint32_t gh_ix_reduce(uint32_t x, uint32_t m)
+    void gh_ix_indexes(uint64_t h, uint32_t n, uint32_t m, uint32_t* out)
+    int GH_IX_KM
+    int GH_IX_INDEPENDENT
     uint64_t gh_hash(int algo, const unsigned char* data, size_t length,
                      uint32_t seed32, uint64_t k0, uint64_t k1)
     void gh_crc32c_init()

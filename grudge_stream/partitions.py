@@ -19,7 +19,12 @@ Restore rules (docs/checkpoints.md):
   offset, logged at ERROR level and counted) or ``fail`` (the worker refuses
   the partition with an explanation) — never a silent empty sketch;
 - a snapshot taken when the source topic had another partition count is
-  refused with ``PartitionCountChanged``: keys would have moved between sketches.
+  refused with ``PartitionCountChanged``: keys would have moved between sketches;
+- a snapshot whose state differs from the worker's only in the sketches' index
+  scheme is adopted with its own scheme when the topology's ``index_scheme`` setting
+  was left at its default (logged once per operator and scheme): a deployment keeps
+  its scheme until it resets its state. An explicitly set scheme refuses it like any
+  other state-shaping setting (docs/hashing.md, "Upgrading").
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
 from grudge_stream.exceptions import (ForeignDeployment, MismatchError, PartitionCountChanged,
                                      SnapshotRefused)
 from grudge_stream.metrics import Metrics
-from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator
+from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator, differences, read_snapshot
 from grudge_stream.operators.records import OutputRecord, SourceRecord
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.topology import Topology
@@ -59,6 +64,32 @@ def foreign_deployment_message(topology: Topology, ref: SnapshotRef, settings_hi
             + (" under the same app_id, whose committed offsets are of the other topic" if same_group else "")
             + f". Give it topics of its own ({settings_hint or 'snapshot_topic and the output topics'}, "
             "or operator_id), or point it back at its own source topic")
+
+
+_SCHEMES_LOGGED: set[tuple[str, str]] = set()
+
+
+def snapshot_index_scheme(topology: Topology, op: Operator, blob: bytes) -> str | None:
+    """The index scheme of ``blob``'s sketches when the topology may adopt it: its
+    ``index_scheme`` was left at the default, and the snapshot's state settings differ from
+    ``op``'s in the index scheme only. None otherwise (the snapshot stays foreign)."""
+    if topology.with_index_scheme is None:
+        return None
+    try:
+        header, _ = read_snapshot(blob)
+    except Exception:  # a corrupt blob is refused by the restore itself
+        return None
+    theirs = header.get("state_config")
+    if not isinstance(theirs, dict):
+        return None
+    diff = differences(theirs, op.state_config())
+    if not diff or any(path.rsplit(".", 1)[-1] != "index_scheme" for path, _, _ in diff):
+        return None
+    schemes = {"km" if a is None else a for _, a, _ in diff}
+    if len(schemes) != 1:
+        return None
+    scheme = schemes.pop()
+    return scheme if scheme in ("independent", "km") else None
 
 
 @dataclass
@@ -90,17 +121,37 @@ def restore_partition(topology: Topology, store: CheckpointStore, partition: int
                 "operator id / snapshot topic and replay the history."
             )
         probe = topology.operator(partition, partition_count, dead_letter_limit)
+        adopted.clear()
         try:
             probe.restore(blob)  # SnapshotError / MismatchError refuse it
         except MismatchError as exc:
-            foreign.append(str(exc))
-            raise
+            scheme = snapshot_index_scheme(topology, probe, blob)
+            if scheme is None:
+                foreign.append(str(exc))
+                raise
+            other = topology.with_index_scheme(scheme)  # type: ignore[misc]
+            try:
+                other.operator(partition, partition_count, dead_letter_limit).restore(blob)
+            except MismatchError as exc2:
+                foreign.append(str(exc2))
+                raise
+            adopted.append((other, scheme))
 
     foreign: list[str] = []
+    adopted: list[tuple[Topology, str]] = []
     result = store.restore(op.operator_id, partition, accept=accept)
     if metrics is not None and result.refused:
         metrics.snapshots_refused.labels(*labels).inc(len(result.refused))
     if result.blob is not None:
+        if adopted:
+            other, scheme = adopted[0]
+            op = other.operator(partition, partition_count, dead_letter_limit)
+            if (op.operator_id, scheme) not in _SCHEMES_LOGGED:
+                _SCHEMES_LOGGED.add((op.operator_id, scheme))
+                log.warning("%s %s[%d]: the snapshots hold sketches with index_scheme=%s; keeping it (the "
+                            "index_scheme setting is at its default). Set index_scheme=%s to keep it for "
+                            "good, or reset_state=true to rebuild under the default scheme (docs/hashing.md)",
+                            op.operator_id, topology.source_topic, partition, scheme, scheme)
         op.restore(result.blob)
         mode = "previous" if result.refused else "snapshot"
         if mode == "previous" and metrics is not None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Mapping, Optional
 
 from grudge_stream.exceptions import ConfigError, InvalidInputError
 from grudge_stream.sketches.score import Linear, ScoreSketch
-from grudge_stream.sketches._validate import ConfigOf
+from grudge_stream.sketches._validate import DEFAULT_INDEX_SCHEME, ConfigOf, scheme_dict
 from grudge_stream.sketches.score_config import ScoreSketchConfig, resolve_seed
 
 __all__ = ["Decision", "TokenBucket", "TokenBucketConfig"]
@@ -70,6 +70,7 @@ class TokenBucketConfig(ConfigOf):
     cells_per_level: int = 100_000
     hasher: str = "siphash"
     seed: int = 0
+    index_scheme: str = DEFAULT_INDEX_SCHEME
 
     def __post_init__(self) -> None:
         rate = _positive(self.rate_per_s, "rate_per_s")
@@ -97,10 +98,12 @@ class TokenBucketConfig(ConfigOf):
         """The ScoreSketch of the debts: Linear refill, ``lo=0`` (a fresh key's bucket is full)."""
         return ScoreSketchConfig(levels=self.levels, cells_per_level=self.cells_per_level,
                                  decay=Linear(self.rate_per_s), lo=0.0, hi=self.debt_cap,
-                                 aggregator="min", hasher=self.hasher, seed=self.seed)
+                                 aggregator="min", hasher=self.hasher, seed=self.seed,
+                                 index_scheme=self.index_scheme)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The dict form (a KM config without ``index_scheme``, as 0.2 wrote it)."""
+        return scheme_dict(asdict(self))
 
 
 class TokenBucket:
@@ -113,7 +116,7 @@ class TokenBucket:
             penalty, a client that keeps hammering while refused waits longer.
         max_debt: cap on the debt (>= burst). Defaults to ``burst`` without a
             penalty and to unbounded (``+inf``) with one.
-        levels, cells_per_level, hasher, seed, clock: the underlying sketch's
+        levels, cells_per_level, hasher, seed, index_scheme, clock: the underlying sketch's
             (``siphash`` by default: rate-limit keys usually come from clients).
 
     Every decision is strict: a request is admitted iff ``debt + cost <= burst``
@@ -135,11 +138,12 @@ class TokenBucket:
         cells_per_level: int = TokenBucketConfig.cells_per_level,
         hasher: str = TokenBucketConfig.hasher,
         seed: Optional[int] = None,
+        index_scheme: str = TokenBucketConfig.index_scheme,
         clock: Any = None,
     ) -> None:
         config = TokenBucketConfig(rate_per_s=rate_per_s, burst=burst, reject_penalty=reject_penalty,
                                    max_debt=max_debt, levels=levels, cells_per_level=cells_per_level,
-                                   hasher=hasher, seed=resolve_seed(seed))
+                                   hasher=hasher, seed=resolve_seed(seed), index_scheme=index_scheme)
         self.rate_per_s = config.rate_per_s
         self.burst = config.burst
         self.reject_penalty = config.reject_penalty

@@ -388,3 +388,18 @@ def identity(*, source: str, snapshots: str, operator_id: str, dead_letters: str
         Setting("operator_id", "str", operator_id, "names the state on the snapshot topic", state=True),
         Setting("dead_letter_topic", "str", dead_letters, "records that could not be applied"),
     ]
+
+
+INDEX_SCHEME = "index_scheme"
+
+
+def index_scheme_setting() -> Setting:
+    """``index_scheme``: how a key's sketch cells derive from its hash (docs/hashing.md). A
+    worker left at the default adopts the scheme of the snapshots it restores (a deployment
+    keeps its scheme until it resets its state); one that sets it refuses snapshots of the
+    other scheme, as it refuses another seed."""
+    return Setting(INDEX_SCHEME, "choice", "independent",
+                   "how a key's cells derive from its hash: independent (each level from its own hash "
+                   "bits) or km (Kirsch-Mitzenmacher, the only scheme of 0.2). Left unset, a worker keeps "
+                   "the scheme of the snapshots it restores (docs/hashing.md)",
+                   choices=("independent", "km"), state=True)

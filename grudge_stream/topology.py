@@ -20,7 +20,7 @@ from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
 from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator, OperatorContext
 from grudge_stream.operators.codec import EventCodec
-from grudge_stream.settings import COMMON, PASSTHROUGH_PREFIXES, Setting, Settings, setting
+from grudge_stream.settings import COMMON, INDEX_SCHEME, PASSTHROUGH_PREFIXES, Setting, Settings, setting
 
 log = logging.getLogger("grudge_stream.runtime")
 
@@ -134,6 +134,10 @@ class Topology:
     # What runtimes attached to the running deployment: ``"overrides"``, the allow / deny
     # table (``grudge_stream.overrides.attach_overrides``); not part of the spec.
     attached: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The same topology under another index scheme, when its ``index_scheme`` setting was
+    # left at the default (None: set explicitly, or not a setting of this topology): a
+    # restore then adopts the scheme of the partition's snapshots (docs/hashing.md).
+    with_index_scheme: Callable[[str], "Topology"] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.restore_fallback not in RESTORE_FALLBACKS:
@@ -260,5 +264,12 @@ def load_topology(name: str, settings: Settings | None = None) -> Topology:
     if not isinstance(topology, Topology):
         raise ConfigError(f"topology module {module.__name__!r}: build(settings) returned "
                           f"{type(topology).__name__}, not a Topology")
+    reset_state = bool(settings.get("reset_state", False))
+    rescheme = None
+    if INDEX_SCHEME in settings.declared and settings.sources.get(INDEX_SCHEME) == "default" and not reset_state:
+        given = settings
+
+        def rescheme(scheme: str) -> Topology:
+            return load_topology(name, Settings({**given.overrides, INDEX_SCHEME: scheme}, environ=given.environ))
     return dataclasses.replace(topology, app_id=settings.get("app_id", None) or topology.app_id,
-                               reset_state=bool(settings.get("reset_state", False)))
+                               reset_state=reset_state, with_index_scheme=rescheme)

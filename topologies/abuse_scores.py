@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.scores import EMIT_MODES, SCORE_MODES, FeedbackScoreOperator
-from grudge_stream.settings import Setting, identity, require_order
+from grudge_stream.settings import Setting, identity, index_scheme_setting, require_order
 from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
@@ -36,6 +36,7 @@ S = Setting
 SETTINGS = [
     *identity(source="abuse-events", snapshots="abuse-scores-snapshots",
               operator_id="abuse-scores", dead_letters="abuse-dead-letters"),
+    index_scheme_setting(),
     S("alerts_topic", "str", "abuse-alerts", "raised / cleared alerts"),
     S("scores_topic", "str", "abuse-scores", "scores (on crossings or every event)"),
     S("levels", "int", 4, "sketch levels (cells per key)", min=1, max=16, state=True),
@@ -70,6 +71,7 @@ def build(settings: Settings) -> Topology:
         hi=1.0,
         aggregator="min",
         hasher="siphash",
+        index_scheme=settings["index_scheme"],
     )
     common = operator_settings(settings, "abuse_scores")
     codec = EventCodec(

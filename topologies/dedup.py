@@ -22,7 +22,7 @@ from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.topology import REPARTITION_SETTING as REPARTITION
 from grudge_stream.topology import repartition_plan
-from grudge_stream.settings import Setting, identity
+from grudge_stream.settings import Setting, identity, index_scheme_setting
 from grudge_stream.sketches.bloom_config import OVERLOAD_MODES, BloomConfig
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
@@ -30,6 +30,7 @@ S = Setting
 SETTINGS = [
     *identity(source="dedup-in", snapshots="dedup-snapshots",
               operator_id="dedup", dead_letters="dedup-dead-letters"),
+    index_scheme_setting(),
     S("output_topic", "str", "dedup-out", "first sightings, forwarded"),
     S("capacity", "int", 1_000_000, "keys per Bloom generation", "keys", min=1, state=True),
     S("fp_rate", "float", 0.001, "target false-positive rate", min=0, min_inclusive=False, max=0.5, state=True),
@@ -48,7 +49,7 @@ def build(settings: Settings) -> Topology:
     operator_id = settings["operator_id"]
     bloom = BloomConfig(capacity=settings["capacity"], fp_rate=settings["fp_rate"],
                         period_ms=settings["period_ms"], hasher="siphash",
-                        overload=settings["overload"])
+                        overload=settings["overload"], index_scheme=settings["index_scheme"])
     common = operator_settings(settings, "dedup")
     key_field = settings["key_field"]
     dead_letters = settings["dead_letter_topic"]

@@ -24,13 +24,14 @@ from grudge_stream.sketches.countmin_config import CountMinConfig
 from grudge_stream.topology import REPARTITION_SETTING as REPARTITION
 from grudge_stream.topology import repartition_plan
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.settings import Setting, identity, require_order
+from grudge_stream.settings import Setting, identity, index_scheme_setting, require_order
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
 SETTINGS = [
     *identity(source="hh-requests", snapshots="hh-snapshots",
               operator_id="heavy-hitters", dead_letters="hh-dead-letters"),
+    index_scheme_setting(),
     S("alerts_topic", "str", "hh-alerts", "raised / cleared alerts"),
     S("reports_topic", "str", "hh-top", "top-k reports"),
     S("depth", "int", 4, "count-min rows", min=1, max=16, state=True),
@@ -58,7 +59,8 @@ def build(settings: Settings) -> Topology:
     source = settings["source_topic"]
     operator_id = settings["operator_id"]
     sketch = CountMinConfig(depth=settings["depth"], width=settings["width"],
-                            epoch_ms=settings["epoch_ms"], hasher="siphash")
+                            epoch_ms=settings["epoch_ms"], hasher="siphash",
+                            index_scheme=settings["index_scheme"])
     common = operator_settings(settings, "heavy_hitters")
     encoding = settings["encoding"]
     keys = codec_settings(settings)

@@ -21,7 +21,7 @@ from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.knownkeys import EVENTS, KnownKeyOperator
 from grudge_stream.topology import REPARTITION_SETTING as REPARTITION
 from grudge_stream.topology import repartition_plan
-from grudge_stream.settings import Setting, identity
+from grudge_stream.settings import Setting, identity, index_scheme_setting
 from grudge_stream.sketches.bloom_config import OVERLOAD_MODES, BloomConfig
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
@@ -29,6 +29,7 @@ S = Setting
 SETTINGS = [
     *identity(source="known-keys-events", snapshots="known-keys-snapshots",
               operator_id="known-keys", dead_letters="known-keys-dead-letters"),
+    index_scheme_setting(),
     S("checks_topic", "str", "known-keys-checks", "keys the backend must check"),
     S("capacity", "int", 1_000_000, "keys per Bloom generation", "keys", min=1, state=True),
     S("fp_rate", "float", 0.001, "target false-positive rate", min=0, min_inclusive=False, max=0.5, state=True),
@@ -47,7 +48,7 @@ def build(settings: Settings) -> Topology:
     operator_id = settings["operator_id"]
     bloom = BloomConfig(capacity=settings["capacity"], fp_rate=settings["fp_rate"],
                         period_ms=settings["period_ms"], hasher="siphash",
-                        overload=settings["overload"])
+                        overload=settings["overload"], index_scheme=settings["index_scheme"])
     common = operator_settings(settings, "known_keys")
 
     key_field = settings["key_field"]

@@ -19,13 +19,14 @@ from __future__ import annotations
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.ratelimit import RateLimitOperator, RequestCodec
 from grudge_stream.recipes import TokenBucketConfig
-from grudge_stream.settings import Setting, identity
+from grudge_stream.settings import Setting, identity, index_scheme_setting
 from grudge_stream.topology import Settings, Topology, codec_settings, operator_settings
 
 S = Setting
 SETTINGS = [
     *identity(source="ratelimit-requests", snapshots="ratelimit-snapshots",
               operator_id="rate-limit", dead_letters="ratelimit-dead-letters"),
+    index_scheme_setting(),
     S("decisions_topic", "str", "ratelimit-decisions", "one allow/deny decision per request"),
     S("rate_per_s", "float", 10.0, "token refill rate", "tokens/s", min=0, min_inclusive=False, state=True),
     S("burst", "float", 20.0, "bucket capacity", "tokens", min=0, min_inclusive=False, state=True),
@@ -53,6 +54,7 @@ def build(settings: Settings) -> Topology:
         levels=settings["levels"],
         cells_per_level=settings["cells_per_level"],
         hasher="siphash",
+        index_scheme=settings["index_scheme"],
     )
     params = dict(
         emit=settings["emit"],

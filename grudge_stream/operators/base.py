@@ -727,7 +727,7 @@ class Operator(abc.ABC):
             theirs_conf = header.get("state_config")
             if isinstance(theirs_conf, dict):
                 diff = "; ".join(f"{k}: {a!r} in the snapshot, {b!r} now"
-                                 for k, a, b in _differences(theirs_conf, self.state_config()))
+                                 for k, a, b in differences(theirs_conf, self.state_config()))
                 what = f"settings that shape the state differ ({diff or 'fingerprint'})"
             else:
                 what = (f"it was written by an earlier release (config fingerprint "
@@ -768,12 +768,12 @@ class Operator(abc.ABC):
         self.counters = counters
 
 
-def _differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     """(path, a's value, b's value) for every leaf where two JSON-like values differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in sorted(set(a) | set(b)):
-            out += _differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+            out += differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
         return out
     return [] if a == b else [(path or "value", a, b)]
 

@@ -16,7 +16,10 @@ An operator's ``config_dict()`` feeds the fingerprint stored in its snapshots, s
 sketch part of it (``config_identity``) keeps the form it always had: a dict stays as it
 was given; a config object shows its fields minus the ones that stay out at their default
 (the form the shipped topologies always produced), so a topology that moves from dicts to
-config objects keeps its fingerprints.
+config objects keeps its fingerprints. Either way the identity names the index scheme
+(``"index_scheme": "independent"``) unless it is ``km``, the only scheme of grudge-stream
+0.2: a KM operator keeps 0.2's fingerprint, and a snapshot of one scheme is foreign to an
+operator of the other.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 from grudge_stream.exceptions import ConfigError
+from grudge_stream.sketches._validate import scheme_dict
 from grudge_stream.sketches.bloom_config import BloomConfig
 from grudge_stream.sketches.countmin_config import CountMinConfig
 from grudge_stream.sketches.score_config import (
@@ -66,7 +70,9 @@ def config_identity(given: Any, config: Any) -> dict:
     ``given`` as it was given when a dict, else the config's fields minus the quiet
     defaults."""
     if isinstance(given, Mapping):
-        return dict(given)
+        # As given, plus the index scheme the dict left to its default: the identity names
+        # the scheme unless it is km (the 0.2 form, so 0.2 snapshots keep their fingerprint).
+        return scheme_dict({**given, "index_scheme": config.index_scheme})
     d = config.to_dict()
     defaults = {f.name: f.default for f in fields(config)}
     for name in QUIET_DEFAULTS[type(config)]:

@@ -26,7 +26,7 @@ import time
 import uuid
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -151,10 +151,12 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
             op = topology.operator(p, len(partitions))
             if from_snapshot:
                 assert store is not None
-                res = store.restore(op.operator_id, p, accept=lambda ref, blob, p=p: topology.operator(p, len(partitions)).restore(blob))
+                res = store.restore(op.operator_id, p,
+                                    accept=lambda ref, blob, p=p: _snapshot_operator(topology, p, len(partitions),
+                                                                                     blob))
                 if res.blob is None:
                     raise ConfigError(f"--from-snapshot: no usable snapshot for {topic}[{p}]")
-                op.restore(res.blob)
+                op = _snapshot_operator(topology, p, len(partitions), res.blob)
                 starts[p] = op.next_offset
             operators[p] = op
         bad = {p: (starts[p], ends[p]) for p in partitions if starts[p] > ends[p]}
@@ -240,3 +242,22 @@ def make_sink(topology: Topology, bootstrap_servers: str, output: str, topic_ove
         except OSError as exc:
             raise ConfigError(f"--output jsonl:{path}: cannot write it ({exc.strerror})") from None
     raise ConfigError(f"--output must be topology, none, stdout or jsonl:PATH, not {output!r}")
+
+
+def _snapshot_operator(topology: Any, partition: int, partition_count: int, blob: bytes) -> Any:
+    """A new operator of ``partition`` restored from ``blob``, under the snapshot's index
+    scheme when the topology left ``index_scheme`` at its default and the scheme is all
+    that differs (as a worker restores, grudge_stream.partitions); MismatchError otherwise."""
+    from grudge_stream.exceptions import MismatchError
+    from grudge_stream.partitions import snapshot_index_scheme
+
+    op = topology.operator(partition, partition_count)
+    try:
+        op.restore(blob)
+    except MismatchError:
+        scheme = snapshot_index_scheme(topology, op, blob)
+        if scheme is None:
+            raise
+        op = topology.with_index_scheme(scheme).operator(partition, partition_count)
+        op.restore(blob)
+    return op

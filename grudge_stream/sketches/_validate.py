@@ -11,6 +11,15 @@ from grudge_stream.exceptions import ConfigError
 
 U64_MAX = (1 << 64) - 1
 HASHERS = ("murmur3", "siphash")
+#: How a key's cell indexes derive from its 64-bit hash (docs/hashing.md, "Index schemes"):
+#: ``independent`` (each level from its own 32 bits of the hash or a remix of it; the default of
+#: new sketches) or ``km`` (Kirsch-Mitzenmacher, the only scheme of grudge-stream 0.2 and
+#: of the Go library grudge: kept for their snapshots and test vectors).
+INDEX_SCHEMES = ("independent", "km")
+DEFAULT_INDEX_SCHEME = "independent"
+#: What a serialized config without an ``index_scheme`` field means: it was written by
+#: grudge-stream 0.2 (or is a KM config, which keeps that form; see ``scheme_dict``).
+LEGACY_INDEX_SCHEME = "km"
 
 
 def as_int(value: object, name: str) -> int:
@@ -34,6 +43,29 @@ def check_hasher(value: object) -> str:
     if value not in HASHERS:
         raise ConfigError(f"hasher must be one of {HASHERS}, got {value!r}")
     return str(value)
+
+
+def check_index_scheme(value: object) -> str:
+    if value not in INDEX_SCHEMES:
+        raise ConfigError(f"index_scheme must be one of {INDEX_SCHEMES}, got {value!r}")
+    return str(value)
+
+
+def scheme_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """A config's dict form with its ``index_scheme`` as serialized: a KM config keeps the
+    0.2 form (no field), so its snapshots and fingerprint stay what 0.2 wrote and 0.2 can
+    still read them; any other scheme is written out (and 0.2 refuses such a snapshot)."""
+    if d.get("index_scheme") == LEGACY_INDEX_SCHEME:
+        d = dict(d)
+        del d["index_scheme"]
+    return d
+
+
+def scheme_of_dict(d: Any) -> str:
+    """The index scheme a serialized config names (absent: ``km``, see ``scheme_dict``)."""
+    if isinstance(d, dict) and "index_scheme" in d:
+        return check_index_scheme(d["index_scheme"])
+    return LEGACY_INDEX_SCHEME
 
 
 def config_fields(cls: Any, conf: Any, what: str) -> dict[str, Any]:

@@ -12,7 +12,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, ConfigOf, in_range
+from grudge_stream.sketches._validate import (
+    DEFAULT_INDEX_SCHEME,
+    U64_MAX,
+    ConfigOf,
+    as_int,
+    check_hasher,
+    check_index_scheme,
+    in_range,
+    scheme_dict,
+)
 
 __all__ = [
     "BloomConfig",
@@ -112,8 +121,10 @@ class BloomConfig(ConfigOf):
     seed: int = 0
     hasher: str = "murmur3"
     overload: str = "shrink_window"
+    index_scheme: str = DEFAULT_INDEX_SCHEME
 
     def __post_init__(self) -> None:
+        check_index_scheme(self.index_scheme)
         sizing = bloom_sizing(self.capacity, self.fp_rate, self.generations)
         period = (
             None
@@ -137,4 +148,5 @@ class BloomConfig(ConfigOf):
         return self._sizing  # type: ignore[attr-defined, no-any-return]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The serialized form (a KM config without ``index_scheme``, as 0.2 wrote it)."""
+        return scheme_dict(asdict(self))

@@ -12,7 +12,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.sketches._validate import U64_MAX, as_int, check_hasher, ConfigOf, in_range
+from grudge_stream.sketches._validate import (
+    DEFAULT_INDEX_SCHEME,
+    U64_MAX,
+    ConfigOf,
+    as_int,
+    check_hasher,
+    check_index_scheme,
+    in_range,
+    scheme_dict,
+)
 
 __all__ = [
     "CountMinConfig",
@@ -59,8 +68,10 @@ class CountMinConfig(ConfigOf):
     seed: int = 0
     hasher: str = "murmur3"
     top_k: int = 0
+    index_scheme: str = DEFAULT_INDEX_SCHEME
 
     def __post_init__(self) -> None:
+        check_index_scheme(self.index_scheme)
         depth = in_range(self.depth, "depth", 1, MAX_DEPTH)
         width = in_range(self.width, "width", 1, 0xFFFFFFFF)
         if depth * width > MAX_CELLS:
@@ -88,7 +99,8 @@ class CountMinConfig(ConfigOf):
             object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The serialized form (a KM config without ``index_scheme``, as 0.2 wrote it)."""
+        return scheme_dict(asdict(self))
 
     @property
     def parameters(self) -> CountMinParameters:

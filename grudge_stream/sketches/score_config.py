@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.sketches._validate import ConfigOf
+from grudge_stream.sketches._validate import (
+    DEFAULT_INDEX_SCHEME,
+    INDEX_SCHEMES,
+    ConfigOf,
+    check_index_scheme,
+    scheme_dict,
+    scheme_of_dict,
+)
 
 # The kernel's codes and limits (cyext/_score.pyx defines the same; a test checks they agree).
 DECAY_NONE = 0
@@ -34,12 +41,13 @@ __all__ = [
     "suggest_levels",
     "MAX_LEVELS",
     "MAX_GENERATIONS",
+    "INDEX_SCHEMES",
 ]
 
 AGGREGATORS = ("min", "max", "mean")
 HASHERS = ("murmur3", "siphash")
 _U64 = 1 << 64
-_MAX_CELLS_PER_LEVEL = (1 << 32) - 1  # KM indexes are 32-bit
+_MAX_CELLS_PER_LEVEL = (1 << 32) - 1  # indexes are 32-bit in both schemes
 
 
 def _real(value: Any, what: str) -> float:
@@ -216,8 +224,10 @@ class ScoreSketchConfig(ConfigOf):
     aggregator: str = "min"
     hasher: str = "murmur3"
     seed: int = 0
+    index_scheme: str = DEFAULT_INDEX_SCHEME
 
     def __post_init__(self) -> None:
+        check_index_scheme(self.index_scheme)
         levels = _int(self.levels, "levels")
         if not 1 <= levels <= MAX_LEVELS:
             raise ConfigError(f"levels must be in [1, {MAX_LEVELS}], got {levels}")
@@ -280,12 +290,17 @@ class ScoreSketchConfig(ConfigOf):
             "aggregator": self.aggregator,
             "hasher": self.hasher,
             "seed": self.seed,
+            **scheme_dict({"index_scheme": self.index_scheme}),
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> "ScoreSketchConfig":
+        """The config of a ``to_dict`` (a snapshot's): without ``index_scheme`` it is a
+        KM config (every config grudge-stream 0.2 wrote)."""
         if not isinstance(d, dict):
             raise ConfigError("config must be an object")
+        scheme = scheme_of_dict(d)
+        d = {k: v for k, v in d.items() if k != "index_scheme"}
         expected = {
             "levels",
             "cells_per_level",
@@ -307,6 +322,7 @@ class ScoreSketchConfig(ConfigOf):
             aggregator=d["aggregator"],
             hasher=d["hasher"],
             seed=d["seed"],
+            index_scheme=scheme,
         )
 
 

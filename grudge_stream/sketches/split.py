@@ -42,7 +42,7 @@ _LEN = struct.Struct("<Q")
 
 class SplitScoreSketch:
     """``SplitScoreSketch(levels, cells_per_level, decay, lo=0.0, hi=1.0,
-    hasher="murmur3", seed=None, clock=None)`` (keywords).
+    hasher="murmur3", seed=None, index_scheme="independent", clock=None)`` (keywords).
 
     The ScoreSketch interface an operator needs (``update``, ``query``,
     ``update_and_query`` and their ``*_many`` forms, ``key_hashes``,
@@ -55,7 +55,8 @@ class SplitScoreSketch:
 
     def __init__(self, *, levels: int, cells_per_level: int, decay: Any, lo: float = 0.0,
                  hi: float = 1.0, hasher: str = "murmur3", seed: int | None = None,
-                 clock: Any = None, aggregator: str = "min") -> None:
+                 index_scheme: str = "independent", clock: Any = None,
+                 aggregator: str = "min") -> None:
         if aggregator != "min":
             raise ConfigError("split-sign scores use the min aggregator (the one-sided error is the point)")
         lo, hi = float(lo), float(hi)
@@ -66,7 +67,8 @@ class SplitScoreSketch:
                               "shrink punishment and forgiveness alike and leave their difference unchanged")
         self.pos = ScoreSketch(levels=levels, cells_per_level=cells_per_level, decay=decay, lo=0.0,
                                hi=float("inf") if getattr(decay, "kind", None) != "none" else 1e300,
-                               aggregator="min", hasher=hasher, seed=seed, clock=clock)
+                               aggregator="min", hasher=hasher, seed=seed,
+                               index_scheme=index_scheme, clock=clock)
         self.neg = self.pos.copy()  # empty: same config, seed and clock
         self.lo, self.hi = lo, hi
 
@@ -80,6 +82,10 @@ class SplitScoreSketch:
     @property
     def seed(self) -> int:
         return self.pos.seed
+
+    @property
+    def index_scheme(self) -> str:
+        return str(self.pos.config.index_scheme)
 
     @property
     def levels(self) -> int:

@@ -1,10 +1,13 @@
 """Golden vectors for the hashing kernel: SipHash-2-4 reference outputs, splitmix64,
-CRC-32C, and the Kirsch–Mitzenmacher vector of the sketch spec."""
+CRC-32C, the Kirsch–Mitzenmacher vector of the sketch spec (grudge compatibility) and the
+vectors of the independent-levels scheme (docs/hashing.md)."""
 from __future__ import annotations
 
 import pytest
 
 from grudge_stream.hashing import crc32c, hash64, level_indexes, siphash24, siphash_key, splitmix64
+
+GOLDEN = 0x9E3779B97F4A7C15
 
 # SipHash-2-4 reference outputs: key 00..0f, message 00..(n-1), n = 0..63.
 SIPHASH24_VECTORS = [
@@ -57,8 +60,36 @@ def test_siphash_sketch_key_is_first_two_splitmix_outputs() -> None:
 
 
 def test_spec_level_index_vector() -> None:
+    """The Kirsch–Mitzenmacher vector of the spec and of grudge: an explicit setting."""
     h = hash64(b"client-42", 0x2A)
-    assert level_indexes(h, 4, 100_000) == [19472, 64389, 9306, 86927]
+    assert level_indexes(h, 4, 100_000, "km") == [19472, 64389, 9306, 86927]
+
+
+# (key, murmur3 seed, levels, M) -> the independent scheme's indexes (the default).
+INDEPENDENT_VECTORS = [
+    (b"client-42", 0x2A, 4, 100_000, [70352, 10727, 84211, 9090]),
+    (b"client-42", 0x2A, 5, 65_536, [46106, 7030, 55188, 5957, 9987]),
+    (b"", 0, 3, 97, [0, 0, 37]),  # murmur3 of b"" under seed 0 is 0
+    (b"client-467236", 0, 4, 100_000, [45804, 22665, 53814, 8424]),
+]
+
+
+def _independent(h: int, levels: int, m: int) -> list[int]:
+    out = []
+    for i in range(levels):
+        j = i // 2
+        p = ((h + j * GOLDEN) % 2**64) * 0xBF58476D1CE4E5B9
+        word = h if j == 0 else (p % 2**64) ^ (p >> 64)
+        out.append((((word >> (32 * (i % 2))) & 0xFFFFFFFF) * m) >> 32)
+    return out
+
+
+@pytest.mark.parametrize("key,seed,levels,m,want", INDEPENDENT_VECTORS)
+def test_independent_level_index_vectors(key, seed, levels, m, want) -> None:
+    h = hash64(key, seed)
+    got = level_indexes(h, levels, m)
+    assert got == level_indexes(h, levels, m, "independent") == _independent(h, levels, m)
+    assert got == want
 
 
 def test_crc32c_check_value() -> None:

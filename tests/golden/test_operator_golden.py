@@ -7,6 +7,10 @@ snapshot) must equal the pinned one: a change to any operator's semantics, or a 
 that differs from the other, is a deliberate diff. Re-pin with
 ``python tests/golden/test_operator_golden.py`` only when the change is meant, and
 say why in the commit.
+
+``PINNED`` holds the digests under Kirsch-Mitzenmacher indexes (``index_scheme=km``, the
+only scheme before independent levels: unchanged since), ``PINNED_INDEPENDENT`` those
+under the default scheme (heavy_global hashes no key into a sketch: one digest for both).
 """
 from __future__ import annotations
 
@@ -61,6 +65,28 @@ PINNED = {  # (records, columns), pinned before the column pipeline served every
     "rate_limit/policies": ("60e0129ea09ee789a4befd3b8bf20ec4445f627ab66201fcbfb3351d55179a2c",
                            "07517976ed5220b265e49415bfddadeb1110ec0f6e005954599485ad5d868331"),
 }
+PINNED_INDEPENDENT = {  # the default index scheme (independent levels)
+    "abuse_scores": ("c92b15e968cb264700e930adecfe5321e23bf2c27937ce17607d91b95e3c5f3f",
+                    "c92b15e968cb264700e930adecfe5321e23bf2c27937ce17607d91b95e3c5f3f"),
+    "abuse_scores/policies": ("d7242c27fb01d88a644414e769a48d1b7ddf9ddd3bcb0bad184735688ae2c8b8",
+                             "d7242c27fb01d88a644414e769a48d1b7ddf9ddd3bcb0bad184735688ae2c8b8"),
+    "dedup": ("b0c015562c6490c79af3705c9346251ffb8c191d6469a790bd7c12798c0d5568",
+             "5b06ffe6a8a5d9f4982d7cce93d8eb8786cbefa85e886d7864209aa936aae3e8"),
+    "dedup/policies": ("e51cbae6ca9855ddff09a45a5eca32b41168555c082b9d579c60b38b13ceb6c8",
+                      "4b872a6400c8ad22c516bd1862afddd897be6a8e0b57e994797c9eee2d96eadb"),
+    "heavy_hitters": ("1c23aa8be3f5d260caf0421626a406c51dc2fdae214d4a5fd1b5ae71b531cd4a",
+                     "1c23aa8be3f5d260caf0421626a406c51dc2fdae214d4a5fd1b5ae71b531cd4a"),
+    "heavy_hitters/policies": ("66b231c4752aff0dc9e993642b090889fe4e78e7230231fd88bfeb618a4b6f63",
+                              "66b231c4752aff0dc9e993642b090889fe4e78e7230231fd88bfeb618a4b6f63"),
+    "known_keys": ("51cc1c7d1a85cb4ac6c667abb838f3d52309879122b3ede2b066233ccdb2bd6a",
+                  "de61712c294f4b602f2f85557ae9588bbe789620bf8e0f4a74725ab45806984b"),
+    "known_keys/policies": ("568050146c2b73639f2a174240c2ae14bab61fa3a9b7bcfd8da2010a3ae90900",
+                           "fc9e7305e12b437dcb2d7326d3cab562e64862088d282a2b341ec2564731da0c"),
+    "rate_limit": ("6a91ab6ef90d663fee2739ccef5079f8e2438e9f758a59f0587634b6f027b75a",
+                  "567b550ce50b92be8fe8485fcacd4e6aecc88cd062314ed29407ccbbb4e40170"),
+    "rate_limit/policies": ("f2b7e7ca78994e98415fbf51c6e3a4f00d18782ce5a93a4c39a2f95209707b45",
+                           "9d133b74c50c6f681504ac263d9ace49099825e6334288e8ebcae50472345252"),
+}
 
 
 def _report(rnd: random.Random, i: int) -> bytes:
@@ -103,14 +129,19 @@ def stream(name: str, topic: str, n: int = 1500) -> list[tuple[list[SourceRecord
 POLICIES = {"future_policy": "dead_letter", "late_policy": "count"}
 
 
-def topology(case: str):
+SCHEMED = ("abuse_scores", "rate_limit", "heavy_hitters", "dedup", "known_keys")  # have index_scheme
+
+
+def topology(case: str, scheme: str = "km"):
     name, _, variant = case.partition("/")
-    extra = POLICIES if variant == "policies" else {}
+    extra = dict(POLICIES if variant == "policies" else {})
+    if name in SCHEMED:
+        extra["index_scheme"] = scheme
     return name, load_topology(name, Settings({**SMALL[name], **extra, "seed": SEED}, environ={}))
 
 
-def digest(case: str, columns: bool) -> str:
-    name, topo = topology(case)
+def digest(case: str, columns: bool, scheme: str = "km") -> str:
+    name, topo = topology(case, scheme)
     op = topo.make_operator(0)
     op.source_partition_count = 2
     h = hashlib.sha256()
@@ -128,25 +159,32 @@ def digest(case: str, columns: bool) -> str:
     return h.hexdigest()
 
 
+def _pinned(scheme: str) -> dict:
+    return PINNED if scheme == "km" else {**PINNED, **PINNED_INDEPENDENT}
+
+
+@pytest.mark.parametrize("scheme", ["km", "independent"])
 @pytest.mark.parametrize("case", sorted(PINNED))
-def test_records_and_columns_give_the_pinned_outputs(case: str) -> None:
-    records, columns = digest(case, columns=False), digest(case, columns=True)
+def test_records_and_columns_give_the_pinned_outputs(case: str, scheme: str) -> None:
+    records, columns = digest(case, False, scheme), digest(case, True, scheme)
     if not topology(case)[1].needs_headers:  # (columns carry no headers: forwarding operators differ there)
         assert columns == records
-    assert (records, columns) == PINNED[case]
+    assert (records, columns) == _pinned(scheme)[case]
 
 
-
+@pytest.mark.parametrize("scheme", ["km", "independent"])
 @pytest.mark.parametrize("case", sorted(PINNED))
-def test_the_column_steps_give_the_same_outputs_for_every_operator(case: str, monkeypatch) -> None:
+def test_the_column_steps_give_the_same_outputs_for_every_operator(case: str, scheme: str, monkeypatch) -> None:
     """Operators whose payloads the column steps cannot decode faster take the record steps
     (``Operator._columns_pay``); forced through the column steps they give the same."""
     from grudge_stream.operators.base import Operator
 
     monkeypatch.setattr(Operator, "_columns_pay", lambda self: not self.validates_against_state)
-    assert (digest(case, columns=False), digest(case, columns=True)) == PINNED[case]
+    assert (digest(case, False, scheme), digest(case, True, scheme)) == _pinned(scheme)[case]
 
 
 if __name__ == "__main__":
-    for n in sorted(f"{name}{variant}" for name in SMALL for variant in ("", "/policies")):
-        print(f'    "{n}": ("{digest(n, columns=False)}",\n{" " * (len(n) + 8)}"{digest(n, columns=True)}"),')
+    for scheme in ("km", "independent"):
+        print(scheme)
+        for n in sorted(f"{name}{variant}" for name in SMALL for variant in ("", "/policies")):
+            print(f'    "{n}": ("{digest(n, False, scheme)}",\n{" " * (len(n) + 8)}"{digest(n, True, scheme)}"),')

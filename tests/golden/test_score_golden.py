@@ -3,13 +3,24 @@
 If one of these fails, the serialized format (or the semantics that produced the
 state) changed. Either revert, or bump the envelope's format version, document
 the new layout in docs/score-sketch.md and re-pin these blobs in the same commit.
+
+The hex blobs were written by grudge-stream 0.2 (Kirsch-Mitzenmacher indexes); built with
+``index_scheme="km"`` they are still the same bytes. ``data/*_independent.bin`` pin the
+default scheme (regenerate with ``GRUDGE_REGEN_GOLDEN=1``).
 """
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
+
+import pytest
 
 from grudge_stream import Exponential, Linear, Rotator, ScoreSketch
+
+DATA = Path(__file__).parent / "data"
+REGEN = os.environ.get("GRUDGE_REGEN_GOLDEN") == "1"
 
 SKETCH_HEX = (
     "4752445301000100b40000007b22636f6e666967223a7b2261676772656761746f72223a226d696e222c2263"
@@ -37,8 +48,9 @@ ROTATOR_HEX = (
 )
 
 
-def build_sketch() -> ScoreSketch:
+def build_sketch(scheme: str = "km") -> ScoreSketch:
     s = ScoreSketch(
+        index_scheme=scheme,
         levels=2,
         cells_per_level=4,
         decay=Exponential(0.5),
@@ -55,8 +67,9 @@ def build_sketch() -> ScoreSketch:
     return s
 
 
-def build_rotator() -> Rotator:
+def build_rotator(scheme: str = "km") -> Rotator:
     r = Rotator(
+        index_scheme=scheme,
         generations=2,
         period_ms=1_000,
         levels=2,
@@ -94,3 +107,23 @@ def test_rotator_bytes_are_pinned() -> None:
     # 1250 ms, b adds 0.5, and by 1500 ms the cells hold 1.375; 1.375 + 1.0 > 2.0, so the
     # try_update at 1500 ms was refused and wrote nothing.
     assert loaded.query_detailed(b"a", now_ms=1_500) == (1.375, (1.375, 1.375), (0, 0))
+
+
+@pytest.mark.parametrize("name,build,cls", [("score_independent.bin", build_sketch, ScoreSketch),
+                                            ("rotator_independent.bin", build_rotator, Rotator)])
+def test_independent_scheme_bytes_are_pinned(name, build, cls) -> None:
+    blob = build("independent").to_bytes()
+    path = DATA / name
+    if REGEN:
+        path.write_bytes(blob)
+    assert blob == path.read_bytes(), f"{name}: the serialized form changed"
+    loaded = cls.from_bytes(blob)
+    assert loaded.to_bytes() == blob and loaded.index_scheme == "independent"
+    assert b'"index_scheme":"independent"' in blob
+
+
+def test_the_pinned_km_blobs_restore_with_their_scheme() -> None:
+    for hexes, cls in ((SKETCH_HEX, ScoreSketch), (ROTATOR_HEX, Rotator)):
+        assert cls.from_bytes(bytes.fromhex(hexes)).index_scheme == "km"
+    s = ScoreSketch.from_bytes((DATA / "score_independent.bin").read_bytes())
+    assert s.query(b"client-7", now_ms=2_500) == 2.0 * math.exp(-0.5 * (500 / 1000.0))

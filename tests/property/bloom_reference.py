@@ -15,12 +15,14 @@ import math
 import mmh3
 
 from grudge_stream.hashing import hash64
+from score_reference import independent_index
 from grudge_stream.sketches.bloom import bloom_sizing
 
 
 class BloomReference:
     def __init__(self, capacity, fp_rate, generations=2, period_ms=None, seed=0, hasher="murmur3",
-                 overload="shrink_window"):
+                 overload="shrink_window", index_scheme="independent"):
+        self.index_scheme = index_scheme
         sz = bloom_sizing(capacity, fp_rate, generations)
         self.m, self.k, self.G = sz.positions, sz.hashes, generations
         self.capacity, self.period_ms, self.seed, self.hasher = capacity, period_ms, seed, hasher
@@ -41,8 +43,10 @@ class BloomReference:
         return hash64(bytes(key), self.seed, "siphash")
 
     def positions(self, h: int) -> list[int]:
-        h1, h2 = h & 0xFFFFFFFF, h >> 32
-        return [((h1 + i * h2) & 0xFFFFFFFF) % self.m for i in range(self.k)]
+        if self.index_scheme == "km":
+            h1, h2 = h & 0xFFFFFFFF, h >> 32
+            return [((h1 + i * h2) & 0xFFFFFFFF) % self.m for i in range(self.k)]
+        return [independent_index(h, i, self.m) for i in range(self.k)]
 
     def rotate(self):
         old = (self.newest + 1) % self.G

@@ -11,12 +11,15 @@ from __future__ import annotations
 import mmh3
 
 from grudge_stream.hashing import hash64
+from score_reference import independent_index
 
 
 class CountMinReference:
     def __init__(
-        self, depth=4, width=64, epoch_ms=1000, counter_bits=8, seed=0, hasher="murmur3", top_k=0
+        self, depth=4, width=64, epoch_ms=1000, counter_bits=8, seed=0, hasher="murmur3", top_k=0,
+        index_scheme="independent",
     ):
+        self.index_scheme = index_scheme
         self.depth, self.width, self.epoch_ms = depth, width, epoch_ms
         self.cbits, self.cmax = counter_bits, (1 << counter_bits) - 1
         self.seed, self.hasher, self.top_k = seed, hasher, top_k
@@ -33,8 +36,10 @@ class CountMinReference:
         return hash64(bytes(key), self.seed, "siphash")
 
     def indexes(self, h: int) -> list[int]:
-        h1, h2 = h & 0xFFFFFFFF, h >> 32
-        return [((h1 + i * h2) & 0xFFFFFFFF) % self.width for i in range(self.depth)]
+        if self.index_scheme == "km":
+            h1, h2 = h & 0xFFFFFFFF, h >> 32
+            return [((h1 + i * h2) & 0xFFFFFFFF) % self.width for i in range(self.depth)]
+        return [independent_index(h, i, self.width) for i in range(self.depth)]
 
     # time ----------------------------------------------------------------------
     def epoch_of(self, now_ms: int) -> int:

@@ -26,6 +26,30 @@ def km_index(h: int, i: int, m: int) -> int:
     return ((h1 + i * h2) & 0xFFFFFFFF) % m
 
 
+IX_MUL = 0xBF58476D1CE4E5B9
+
+
+def ix_word(h: int, j: int) -> int:
+    """Word j of the independent scheme: h itself for j = 0, else the 128-bit product of
+    h + j * GOLDEN (mod 2**64) and IX_MUL with its two 64-bit halves xored."""
+    if j == 0:
+        return h
+    p = ((h + j * GOLDEN) & MASK64) * IX_MUL
+    return (p & MASK64) ^ (p >> 64)
+
+
+def independent_index(h: int, i: int, m: int) -> int:
+    """Level i from its own 32 bits: the low half of word i // 2 for even i, its high half
+    for odd i, reduced as (x * m) >> 32."""
+    word = ix_word(h, i // 2)
+    x = (word >> (32 * (i & 1))) & 0xFFFFFFFF
+    return (x * m) >> 32
+
+
+def level_index(scheme: str, h: int, i: int, m: int) -> int:
+    return independent_index(h, i, m) if scheme == "independent" else km_index(h, i, m)
+
+
 def decay(kind: str, param: float, s: float, last: int, now: int) -> float:
     """The spec's decay of one cell from `last` to `now` (dt = max(0, now - last))."""
     dt = now - last
@@ -67,6 +91,7 @@ class RefConfig:
     aggregator: str
     hasher: str
     seed: int
+    index_scheme: str = "independent"
 
     @classmethod
     def of(cls, cfg) -> "RefConfig":
@@ -82,6 +107,7 @@ class RefConfig:
             cfg.aggregator,
             cfg.hasher,
             cfg.seed,
+            cfg.index_scheme,
         )
 
 
@@ -103,7 +129,8 @@ class RefTable:
         return s
 
     def indexes(self, h: int) -> List[int]:
-        return [km_index(h, i, self.cfg.cells_per_level) for i in range(self.cfg.levels)]
+        return [level_index(self.cfg.index_scheme, h, i, self.cfg.cells_per_level)
+                for i in range(self.cfg.levels)]
 
     def _stamp(self, i: int, j: int, now: int) -> None:
         if now > self.last[i][j]:

@@ -22,6 +22,7 @@ configs = st.fixed_dictionaries(
         "period_ms": st.sampled_from([None, 1, 7, 1000]),
         "seed": st.integers(0, 2**64 - 1),
         "hasher": st.sampled_from(["murmur3", "siphash"]),
+        "index_scheme": st.sampled_from(["independent", "km"]),
         "overload": st.sampled_from(["shrink_window", "raise_fp"]),
     }
 )

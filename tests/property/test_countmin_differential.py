@@ -21,6 +21,7 @@ configs = st.fixed_dictionaries(
         "counter_bits": st.sampled_from([4, 5, 8, 24, 27]),
         "seed": st.integers(0, 2**64 - 1),
         "hasher": st.sampled_from(["murmur3", "siphash"]),
+        "index_scheme": st.sampled_from(["independent", "km"]),
         "top_k": st.sampled_from([0, 1, 3, 8]),
     }
 )

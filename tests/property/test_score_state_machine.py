@@ -64,6 +64,7 @@ def sketch_configs(draw):
         aggregator=draw(st.sampled_from(["min", "max", "mean"])),
         hasher=draw(st.sampled_from(["murmur3", "siphash"])),
         seed=draw(st.integers(0, 2**64 - 1)),
+        index_scheme=draw(st.sampled_from(["independent", "km"])),
     )
 
 

@@ -516,7 +516,7 @@ def test_format_1_snapshots_still_load() -> None:
     assert old.contains(b"cap-3", now_ms=1_300) and old.contains(b"s-4", now_ms=1_300)
     assert unpack(old.to_bytes(), KIND_FORGETTING_BLOOM)[0]["format"] == 2
     for cfg in (dict(period_ms=1000, generations=3), dict(period_ms=None), dict(period_ms=7)):
-        b = ForgettingBloom(capacity=1000, fp_rate=0.01, seed=2, **cfg)
+        b = ForgettingBloom(capacity=1000, fp_rate=0.01, seed=2, index_scheme="km", **cfg)  # format 1 was KM
         if cfg["period_ms"]:
             b.add_many(_keys(50), now_ms=123)
             b.add_many(_keys(50, b"z"), now_ms=2_345)
@@ -532,12 +532,12 @@ def test_format_1_snapshots_still_load() -> None:
             assert back.contains_many(_keys(50, b"z"), now_ms=2_345).all()
         else:
             assert back.contains_many(_keys(50)).all()
-    fresh = ForgettingBloom(capacity=10, fp_rate=0.01, period_ms=100)
+    fresh = ForgettingBloom(capacity=10, fp_rate=0.01, period_ms=100, index_scheme="km")
     assert ForgettingBloom.from_bytes(_as_format_1(fresh.to_bytes())).generation_starts_ms is None
 
 
 def test_format_2_header_is_validated() -> None:
-    b = ForgettingBloom(capacity=20, fp_rate=0.1, generations=3, period_ms=100, seed=2)
+    b = ForgettingBloom(capacity=20, fp_rate=0.1, generations=3, period_ms=100, seed=2, index_scheme="km")
     b.add_many(_keys(20), now_ms=np.arange(0, 40, 2, dtype=np.int64))  # a capacity rotation at 38
     b.add_many(_keys(5, b"z"), now_ms=150)
     blob = b.to_bytes()

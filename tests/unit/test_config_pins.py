@@ -4,7 +4,9 @@ An operator's ``config_dict()`` feeds the fingerprint stored in every snapshot, 
 stay byte for byte what it was before operators took the typed sketch configs (a snapshot
 written before the change still restores); the output records must stay the same bytes.
 The pinned values (``data/config_pins.json``, ``data/output_records.json`` and ``DIRECT``
-below) were computed on the release before the typed configs and typed records.
+below) were computed on the release before the typed configs and typed records, all under
+Kirsch-Mitzenmacher indexes (the only scheme of 0.2): they hold with ``index_scheme=km``,
+and the default (``independent``) changes the identity by exactly its ``index_scheme`` field.
 """
 from __future__ import annotations
 
@@ -33,13 +35,32 @@ def _load(name: str):
 CONFIG_PINS = _load("config_pins.json")
 
 
+SCHEMED = ("abuse_scores", "rate_limit", "heavy_hitters", "dedup", "known_keys")  # have index_scheme
+
+
+def _km(name: str, settings: dict) -> dict:
+    return {**settings, "index_scheme": "km"} if name in SCHEMED else settings
+
+
 @pytest.mark.parametrize("pin", CONFIG_PINS, ids=lambda p: p["topology"] + ("+" if p["settings"] else ""))
 def test_topology_config_dict_and_fingerprint_are_unchanged(pin: dict) -> None:
-    topo = load_topology(pin["topology"], Settings({**pin["settings"], "seed": SEED}, environ={}))
+    topo = load_topology(pin["topology"], Settings({**_km(pin["topology"], pin["settings"]), "seed": SEED},
+                                                   environ={}))
     op = topo.make_operator(0)
     assert json.dumps(op.config_dict()) == pin["config_dict"]
     assert json.dumps(op.full_config()) == pin["full_config"]
     assert op.fingerprint == pin["fingerprint"]
+
+
+@pytest.mark.parametrize("pin", CONFIG_PINS, ids=lambda p: p["topology"] + ("+" if p["settings"] else ""))
+def test_the_default_scheme_adds_its_name_to_the_identity_and_nothing_else(pin: dict) -> None:
+    topo = load_topology(pin["topology"], Settings({**pin["settings"], "seed": SEED}, environ={}))
+    got = topo.make_operator(0).config_dict()
+    want = json.loads(pin["config_dict"])
+    if pin["topology"] in SCHEMED:
+        part = next(k for k in ("sketch", "bloom", "bucket") if k in want)
+        want[part]["index_scheme"] = "independent"
+    assert got == want
 
 
 def _direct_operators() -> list:
@@ -54,7 +75,7 @@ def _direct_operators() -> list:
      DedupOperator(**c, bloom={"fp_rate": 0.01, "capacity": 100, "generations": 3, "overload": "raise_fp", "period_ms": 5000}),
      KnownKeyOperator(**c, bloom={"capacity": 100, "fp_rate": 0.01, "overload": "shrink_window", "seed": 1}),
      RateLimitOperator(**c, rate_per_s=2, burst=5),
-     RateLimitOperator(**c, rate_per_s=2, burst=5, reject_penalty=1, max_debt=9, levels=3, cells_per_level=50, hasher="murmur3", seed=4),
+     RateLimitOperator(**c, rate_per_s=2, burst=5, reject_penalty=1, max_debt=9, levels=3, cells_per_level=50, hasher="murmur3", seed=4, index_scheme="km"),
     ]
     return ops
 
@@ -75,9 +96,16 @@ DIRECT = [
 
 
 def test_operators_given_dicts_keep_their_config_dict_and_fingerprint() -> None:
-    got = [(json.dumps(o.config_dict()), o.fingerprint, o.max_future_ms, o.max_late_ms)
-           for o in _direct_operators()]
-    assert got == DIRECT
+    """Dicts naming ``index_scheme: km`` keep 0.2's identity exactly (the field stays out of
+    it); a dict leaving the scheme to its default gets ``"index_scheme": "independent"``."""
+    ops = _direct_operators()
+    got = [(json.dumps(o.config_dict()), o.fingerprint, o.max_future_ms, o.max_late_ms) for o in ops]
+    assert got[-1] == DIRECT[-1]
+    for (conf, _, fut, late), (want, _, wfut, wlate) in zip(got[:-1], DIRECT[:-1]):
+        want = json.loads(want)
+        part = next(k for k in ("sketch", "bloom", "bucket") if k in want)
+        want[part]["index_scheme"] = "independent"
+        assert (json.loads(conf), fut, late) == (want, wfut, wlate)
 
 
 OUTPUT_CASES = {
@@ -121,7 +149,7 @@ def _wire(out: list) -> list:
 @pytest.mark.parametrize("path", ["records", "columns"])
 def test_output_records_are_the_same_bytes(name: str, path: str) -> None:
     settings, values, keys = OUTPUT_CASES[name]
-    topo = load_topology(name, Settings({**settings, "seed": SEED}, environ={}))
+    topo = load_topology(name, Settings({**_km(name, settings), "seed": SEED}, environ={}))
     op = topo.make_operator(0)
     recs = _records(topo.source_topic, values, keys)
     if path == "records" or op.needs_headers:
@@ -145,7 +173,7 @@ SNAPSHOT_SETTINGS = {"abuse_scores": {"cells_per_level": "64"}, "rate_limit": {"
 def test_snapshots_written_before_the_typed_configs_restore(name: str) -> None:
     with open(os.path.join(DATA, "snapshots", name + ".snapshot"), "rb") as f:
         blob = f.read()
-    topo = load_topology(name, Settings({**SNAPSHOT_SETTINGS[name], "seed": SEED}, environ={}))
+    topo = load_topology(name, Settings({**_km(name, SNAPSHOT_SETTINGS[name]), "seed": SEED}, environ={}))
     op = topo.make_operator(0)
     op.restore(blob)
     assert op.next_offset == 5

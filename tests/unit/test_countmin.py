@@ -364,10 +364,13 @@ def test_header_is_readable_json() -> None:
         "seed": 3,
         "hasher": "murmur3",
         "top_k": 0,
+        "index_scheme": "independent",
         "epoch": 0,
         "base_epoch": 0,
     }
     json.dumps(header)
+    km, _ = unpack(DecayingCountMin(epoch_ms=None, seed=3, index_scheme="km").to_bytes(), KIND_COUNT_MIN)
+    assert km == {k: v for k, v in header.items() if k != "index_scheme"}  # as 0.2 wrote it
 
 
 def test_not_picklable() -> None:

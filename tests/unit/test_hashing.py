@@ -56,14 +56,14 @@ def test_batch_equals_single_for_lists_tuples_iterables_and_buffers() -> None:
     assert len(hash64_many([], 1)) == 0
 
 
-def test_level_indexes_follow_kirsch_mitzenmacher() -> None:
+def test_level_indexes_km_follow_kirsch_mitzenmacher() -> None:
     rnd = random.Random(3)
     for _ in range(2000):
         h = rnd.getrandbits(64)
         levels = rnd.randint(1, 12)
         m = rnd.randint(1, 2**32 - 1)
         h1, h2 = h & 0xFFFFFFFF, h >> 32
-        assert level_indexes(h, levels, m) == [((h1 + i * h2) % 2**32) % m for i in range(levels)]
+        assert level_indexes(h, levels, m, "km") == [((h1 + i * h2) % 2**32) % m for i in range(levels)]
 
 
 def test_bad_arguments_raise_clear_errors() -> None:

@@ -56,18 +56,21 @@ def test_spec_example_and_test_vector() -> None:
     assert s.try_update(b"client-7", 1.0, limit=3.0, now_ms=2_000) is True
     r = s.query_detailed(b"client-42", now_ms=2_000)
     assert isinstance(r, QueryDetail)
-    assert r.cell_indexes == (19472, 64389, 9306, 86927)
+    assert r.cell_indexes == (70352, 10727, 84211, 9090)  # independent levels (the default)
+    km = ScoreSketch(levels=4, cells_per_level=100_000, decay=Exponential(0.01), seed=42, index_scheme="km")
+    assert km.query_detailed(b"client-42", now_ms=2_000).cell_indexes == (19472, 64389, 9306, 86927)
     assert r.aggregate == 0.0 and r.level_scores == (0.0, 0.0, 0.0, 0.0)
     assert tuple(r) == (r.aggregate, r.level_scores, r.cell_indexes)  # also a plain tuple
 
 
-def test_indexes_are_km_of_the_key_hash_for_both_hashers() -> None:
+def test_indexes_follow_the_scheme_of_the_key_hash_for_both_hashers() -> None:
     for hasher in ("murmur3", "siphash"):
-        s = sketch(hasher=hasher, seed=0xDEADBEEF, cells_per_level=97, levels=5)
-        for key in (b"", b"a", "gr\u00fc\u00dfe", b"x" * 1000):
-            h = hash64(key, 0xDEADBEEF, hasher)
-            assert s.key_hash(key) == h
-            assert list(s.query_detailed(key, now_ms=0).cell_indexes) == level_indexes(h, 5, 97)
+        for scheme in ("independent", "km"):
+            s = sketch(hasher=hasher, seed=0xDEADBEEF, cells_per_level=97, levels=5, index_scheme=scheme)
+            for key in (b"", b"a", "gr\u00fc\u00dfe", b"x" * 1000):
+                h = hash64(key, 0xDEADBEEF, hasher)
+                assert s.key_hash(key) == h
+                assert list(s.query_detailed(key, now_ms=0).cell_indexes) == level_indexes(h, 5, 97, scheme)
 
 
 def test_fresh_key_reads_zero() -> None:

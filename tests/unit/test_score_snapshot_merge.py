@@ -206,6 +206,7 @@ def test_header_documents_config_seed_and_clock_state() -> None:
             "levels": 2,
             "lo": -1.0,
             "seed": 7,
+            "index_scheme": "independent",
         },
         "watermark_ms": 1234,
     }

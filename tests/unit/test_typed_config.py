@@ -84,7 +84,8 @@ def test_operators_take_the_config_classes_and_keep_the_fingerprints_of_their_di
     for cls in (DedupOperator, KnownKeyOperator):
         a, b = cls(**C, bloom=bloom), cls(**C, bloom=BloomConfig(**bloom))
         assert a.bloom_config == b.bloom_config == BloomConfig(**bloom)
-        assert a.config_dict() == b.config_dict() == {"bloom": {k: v for k, v in bloom.items() if k != "overload"}}
+        assert a.config_dict() == b.config_dict() == {"bloom": {**{k: v for k, v in bloom.items() if k != "overload"},
+                                                                "index_scheme": "independent"}}
         assert a.fingerprint == b.fingerprint
         assert a.time_scale_ms() == 5000
 
@@ -97,10 +98,15 @@ def test_operators_take_the_config_classes_and_keep_the_fingerprints_of_their_di
 
 def test_config_identity_leaves_out_quiet_defaults_of_config_objects_only() -> None:
     c = CountMinConfig(depth=2, width=8)
-    assert config_identity(c, c) == {"depth": 2, "width": 8, "epoch_ms": 1000, "hasher": "murmur3"}
+    assert config_identity(c, c) == {"depth": 2, "width": 8, "epoch_ms": 1000, "hasher": "murmur3",
+                                     "index_scheme": "independent"}
+    km = CountMinConfig(depth=2, width=8, index_scheme="km")  # the 0.2 identity: no field
+    assert config_identity(km, km) == {"depth": 2, "width": 8, "epoch_ms": 1000, "hasher": "murmur3"}
     assert config_identity(CountMinConfig(seed=3), CountMinConfig(seed=3))["seed"] == 3
     given = {"depth": 2, "width": 8, "seed": 0}
-    assert config_identity(given, countmin_config(given)) == given
+    assert config_identity(given, countmin_config(given)) == {**given, "index_scheme": "independent"}
+    given = {"depth": 2, "width": 8, "seed": 0, "index_scheme": "km"}
+    assert config_identity(given, countmin_config(given)) == {"depth": 2, "width": 8, "seed": 0}
 
 
 def test_conflicting_settings_are_refused() -> None:
@@ -122,7 +128,8 @@ def test_linear_decay_time_scale_reads_the_bounds_of_the_config() -> None:
 def test_token_bucket_config_holds_the_bucket_defaults() -> None:
     conf = TokenBucketConfig(rate_per_s=1, burst=2)
     assert conf.to_dict() == {"rate_per_s": 1.0, "burst": 2.0, "reject_penalty": 0.0, "max_debt": None,
-                              "levels": 4, "cells_per_level": 100_000, "hasher": "siphash", "seed": 0}
+                              "levels": 4, "cells_per_level": 100_000, "hasher": "siphash", "seed": 0,
+                              "index_scheme": "independent"}
     assert conf.sketch_config.hi == 2.0
     assert TokenBucketConfig(rate_per_s=1, burst=2, reject_penalty=1).sketch_config.hi == float("inf")
     bucket = TokenBucket.from_config(conf)

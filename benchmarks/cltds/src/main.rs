@@ -9,6 +9,22 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+/// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), in seconds: beside the wall
+/// time, so a run on a loaded machine can be compared by the time the loop ran.
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+extern "C" {
+    fn clock_gettime(clk: i32, ts: *mut Timespec) -> i32;
+}
+fn thread_cpu_s() -> f64 {
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { clock_gettime(3, &mut ts) }; // 3: CLOCK_THREAD_CPUTIME_ID on Linux
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 #[cfg(feature = "crate")]
 use cl_tds::ClTds;
 #[cfg(not(feature = "crate"))]
@@ -54,23 +70,28 @@ fn main() {
         checksum += sketch.query(id) as u64;
     }
     let mut rates = Vec::with_capacity(runs);
+    let mut cpu_rates = Vec::with_capacity(runs);
     for r in 0..runs {
+        let cpu0 = thread_cpu_s();
         let start = Instant::now();
         for &id in &ids {
             black_box(sketch.query(id));
         }
         let s = start.elapsed().as_secs_f64();
+        let cpu = thread_cpu_s() - cpu0;
         let rate = n as f64 / s;
-        println!("run {}: {} ids in {:.4} s = {:.1} M ids/s", r, n, s, rate / 1e6);
+        println!("run {}: {} ids in {:.4} s ({:.4} s CPU) = {:.1} M ids/s", r, n, s, cpu, rate / 1e6);
         rates.push(rate);
+        cpu_rates.push(n as f64 / cpu);
     }
     let increment_rate = n as f64 / fill_s;
     let impl_name = if cfg!(feature = "crate") { "cl-tds crate source" } else { "re-implementation (src/model.rs)" };
     println!(
-        "CLTDS {{\"impl\": \"{}\", \"ids\": {}, \"query_ids_per_s\": [{}], \"increment_ids_per_s\": {:.1}, \"checksum\": {}}}",
+        "CLTDS {{\"impl\": \"{}\", \"ids\": {}, \"query_ids_per_s\": [{}], \"query_ids_per_cpu_s\": [{}], \"increment_ids_per_s\": {:.1}, \"checksum\": {}}}",
         impl_name,
         n,
         rates.iter().map(|r| format!("{:.1}", r)).collect::<Vec<_>>().join(", "),
+        cpu_rates.iter().map(|r| format!("{:.1}", r)).collect::<Vec<_>>().join(", "),
         increment_rate,
         checksum
     );
