@@ -49,7 +49,7 @@ from grudge_stream.operators.heavy import HeavyHitterOperator
 from grudge_stream.operators.ratelimit import RateLimitOperator
 from grudge_stream.operators.scores import FeedbackScoreOperator
 from grudge_stream.operators.records import OutputRecord
-from grudge_stream.settings import Settings
+from grudge_stream.settings import Settings, setting
 from grudge_stream.topology import Topology
 
 if TYPE_CHECKING:
@@ -103,7 +103,9 @@ class SketchState(Generic[OpT]):
       with ``public_keys=False``;
     - ``snapshot_topic``, ``dead_letter_topic``: override the derived names;
     - ``bootstrap_servers``, ``client_config``: the cluster (confluent-kafka properties
-      such as SASL and TLS); default ``KAFKA_BOOTSTRAP_SERVERS``;
+      such as SASL and TLS); attached to a Faust app, each defaults to the app's own
+      (``broker``, ``broker_credentials``), else ``KAFKA_BOOTSTRAP_SERVERS`` and the
+      ``GRUDGE_*`` security settings;
     - ``checkpoint_interval_s``: how often the Faust binding snapshots (a loop of your
       own decides itself when to call ``checkpoint``);
     - ``overrides`` (scores, rate limits, heavy hitters): follow ``<alerts>-overrides``
@@ -140,6 +142,7 @@ class SketchState(Generic[OpT]):
         self._settings = settings or Settings()
         self._bootstrap = bootstrap_servers
         self._client_config = dict(client_config or {})
+        self._client_config_given = client_config is not None
         self.core: EmbeddedCore | None = None
         self._follower: Any = None
         # Restores and start-up run in a runtime's executor threads and, on first use, on its
@@ -150,6 +153,10 @@ class SketchState(Generic[OpT]):
         # the runtime has assigned but not yet restored is restored on first use.
         self.current_position: Callable[[], tuple[int, int, int]] | None = None
         self.restore_on_demand: Callable[[int], None] | None = None
+        # Set by a runtime binding: the cluster of the app the state is attached to, as
+        # ``(bootstrap servers, client properties, what could not be carried over)``; used for
+        # whichever of bootstrap_servers / client_config was not given.
+        self.app_connection: Callable[[], tuple[str, dict[str, Any], str | None]] | None = None
 
     # -- identity -------------------------------------------------------------------------------
 
@@ -168,14 +175,37 @@ class SketchState(Generic[OpT]):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def connection(self) -> tuple[str, dict[str, Any]]:
+        """The bootstrap servers and client properties the state's clients use: those given,
+        else its app's (a Faust app's ``broker`` and ``broker_credentials``), else the
+        settings' (``KAFKA_BOOTSTRAP_SERVERS``, the ``GRUDGE_*`` security settings)."""
+        bootstrap, props = self._bootstrap, dict(self._client_config)
+        if self.app_connection is not None and (bootstrap is None or not self._client_config_given):
+            app_bootstrap, app_props, unmapped = self.app_connection()
+            if bootstrap is None:
+                bootstrap = app_bootstrap
+            if not self._client_config_given:
+                props = app_props
+                if unmapped:
+                    log.info("state %s: the app's broker_credentials carried over, except: %s", self.name, unmapped)
+        return bootstrap or self._settings.bootstrap_servers, props
+
     def start(self, *, create_topics: bool = True) -> "SketchState[OpT]":
-        """Connect (blocking): create the snapshot and output topics if missing (with the
-        source's partition count), and the producer and snapshot store."""
+        """Connect (blocking): check that the cluster answers (a ``ConfigError`` naming the
+        address otherwise, after ``broker_wait_s``; at once for a failed login or TLS
+        handshake), create the snapshot and output topics if missing (with the source's
+        partition count), and the producer and snapshot store."""
+        from grudge_stream.kafkaconf import check_connection, client_properties
         from grudge_stream.runtime.embedded import EmbeddedCore, ensure_topics
 
         with self._lock:
             if self.core is not None:
                 return self
+            self._bootstrap, self._client_config = self.connection()
+            self._client_config_given = True
+            check_connection(self._settings, wait_s=setting(self._settings, "broker_wait_s"),
+                             bootstrap_servers=self._bootstrap,
+                             properties={**client_properties(self._settings), **self._client_config})
             if create_topics:
                 ensure_topics(self.topology, self._settings, self._bootstrap, self._client_config)
             core = EmbeddedCore(self.topology, self._settings, bootstrap_servers=self._bootstrap,
