@@ -161,6 +161,11 @@ class SketchState(Generic[OpT]):
     # -- identity -------------------------------------------------------------------------------
 
     @property
+    def settings(self) -> Settings:
+        """The settings the state's clients read beside its own arguments (security, waits)."""
+        return self._settings
+
+    @property
     def operator_id(self) -> str:
         return self.topology.operator_id
 
