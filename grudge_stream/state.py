@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
 from grudge_stream.checkpoint import SnapshotWrite
@@ -377,6 +378,74 @@ class SketchState(Generic[OpT]):
             self._core().publish(outputs)
         return results
 
+    def _apply_columns(self, keys: Any, values: Any, partitions: Any, offsets: Any, timestamps_ms: Any) -> int:
+        """The batch form (see ``ScoreState.update_many``): every argument checked for every
+        event first (a bad one raises and nothing changes), then per partition the column
+        pipeline of the batch worker; outputs published once. The number of events applied
+        (not below a restored snapshot's offset, not refused for their time)."""
+        import numpy as np
+
+        from grudge_stream.operators.codec import MAX_TIMESTAMP_MS
+        from grudge_stream.record_checks import EMPTY_KEY, key_too_long
+
+        n = len(keys)
+        if not (len(values) == len(partitions) == len(offsets) == len(timestamps_ms) == n):
+            raise ValueError(f"keys, values, partitions, offsets and timestamps_ms must be as long as each other "
+                             f"({n}, {len(values)}, {len(partitions)}, {len(offsets)}, {len(timestamps_ms)})")
+        if n == 0:
+            return 0
+        if set(map(type, keys)) != {bytes}:
+            keys = [_key_bytes(k) for k in keys]
+        vals = _number_column("values", values, np.float64)
+        if not np.isfinite(vals).all():
+            i = int(np.flatnonzero(~np.isfinite(vals))[0])
+            raise ValueError(f"values[{i}] is not finite ({vals[i]!r})")
+        parts, offs, ts = (_number_column(name, col, np.int64) for name, col in
+                           (("partitions", partitions), ("offsets", offsets), ("timestamps_ms", timestamps_ms)))
+        for name, col, high in (("partitions", parts, None), ("offsets", offs, None),
+                                ("timestamps_ms", ts, MAX_TIMESTAMP_MS)):
+            if col.min() < 0 or (high is not None and col.max() > high):
+                out_of_range = (col < 0) if high is None else ((col < 0) | (col > high))
+                i = int(np.flatnonzero(out_of_range)[0])
+                raise ValueError(f"{name}[{i}] is out of range ({int(col[i])})")
+        first = int(parts[0])
+        if (parts == first).all():
+            groups: list[tuple[int, Any]] = [(first, None)]
+        else:
+            order = np.argsort(parts, kind="stable")
+            cuts = np.flatnonzero(np.diff(parts[order])) + 1
+            groups = [(int(parts[sel[0]]), sel) for sel in np.split(order, cuts)]
+        ops = [(self.operator(p), sel) for p, sel in groups]  # StateNotReady before any change
+        codec = ops[0][0].codec
+        lengths = list(map(len, keys))
+        if not codec.allow_empty_keys and min(lengths) == 0:
+            raise ValueError(f"keys[{lengths.index(0)}]: {EMPTY_KEY}")
+        if codec.max_key_bytes and max(lengths) > codec.max_key_bytes:
+            i = next(j for j, m in enumerate(lengths) if m > codec.max_key_bytes)
+            raise ValueError(f"keys[{i}]: {key_too_long(lengths[i], codec.max_key_bytes)}")
+        columns = []
+        for op, sel in ops:
+            o, t, k, v = (offs, ts, keys, vals) if sel is None else (
+                offs[sel], ts[sel], list(itemgetter(*sel.tolist())(keys)) if len(sel) > 1 else [keys[sel[0]]],
+                vals[sel])
+            if len(o) > 1 and not (np.diff(o) > 0).all():
+                raise ValueError(f"offsets of partition {op.partition} must increase, event by event")
+            columns.append((op, o.tolist(), t.tolist(), np.ascontiguousarray(t), k, np.ascontiguousarray(v)))
+        outputs: list[OutputRecord] = []
+        applied = 0
+        for op, o, t_list, t, k, v in columns:
+            before = op.counters["events"]
+            out = op.process_values(o, t_list, t, k, v)
+            if out is None:  # an operator that applies event by event: the per-call path
+                out = []
+                for j in range(len(o)):
+                    out.extend(op.apply_event(k[j], float(v[j]), offset=o[j], timestamp_ms=t_list[j]) or ())
+            outputs.extend(out)
+            applied += op.counters["events"] - before
+        if outputs:
+            self._core().publish(outputs)
+        return applied
+
     def describe(self, key: Any, partition: int, debug: bool = False) -> dict[str, Any]:
         """The key's current state in ``partition`` (score, raised, ...), read at the
         partition's watermark without changing anything; ``debug`` adds the per-level reads
@@ -425,8 +494,42 @@ class ScoreState(SketchState[FeedbackScoreOperator]):
                timestamp_ms: int | None = None) -> float | None:
         """Add ``delta`` to ``key``'s score at the event's time; the new score (None: the
         event was already reflected, or refused for its time)."""
+        if partition is None and offset is None and timestamp_ms is None and self.current_position is not None:
+            partition, offset, timestamp_ms = self.current_position()
+        core = self.core
+        # The common event (bytes key, float delta, int position, in order, no timer due)
+        # in as few steps as the sketch allows; any other through ``apply``, the same rules.
+        if (core is not None and type(key) is bytes and type(delta) is float and type(partition) is int
+                and type(offset) is int and type(timestamp_ms) is int and offset >= 0):
+            slot = core.slots.get(partition)
+            if slot is not None:
+                op = slot.operator
+                out = op.update_in_order(key, delta, offset, timestamp_ms)
+                if out is not None:
+                    if out:
+                        core.publish(out)
+                    return op.result  # type: ignore[no-any-return]
         result = self.apply(key, delta, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
         return None if result is None else float(result)
+
+    def update_many(self, keys: Any, deltas: Any, *, partitions: Any, offsets: Any, timestamps_ms: Any) -> int:
+        """The batch form of ``update``: columns of what a loop already has (lists or numpy
+        arrays, one entry per event: keys as bytes or str, deltas, partitions, offsets,
+        timestamps in ms), applied as the batch worker applies a batch: per partition, one
+        pass of the column pipeline (the sketch updated by one call, only the events that can
+        change an alert looked at one by one). Each partition's events in offset order; any
+        bad entry raises ``TypeError`` / ``ValueError`` naming it, and nothing changes.
+        Returns how many events were applied (those below a restored snapshot's offset are
+        skipped, those refused for their time dead-lettered); outputs are published once."""
+        return self._apply_columns(keys, deltas, partitions, offsets, timestamps_ms)
+
+    def update_messages(self, messages: Any, deltas: Any) -> int:
+        """``update_many`` over confluent-kafka ``Message`` objects of the source topic (a
+        ``consume()`` batch without its error messages) and one delta per message."""
+        if {m.topic() for m in messages} - {self.source_topic}:
+            raise ValueError(f"messages of other topics than {self.source_topic!r}")
+        return self._apply_columns([m.key() for m in messages], deltas, [m.partition() for m in messages],
+                                   [m.offset() for m in messages], [m.timestamp()[1] for m in messages])
 
     def score(self, key: Any, partition: int) -> float:
         return float(self.describe(key, partition)["score"])
@@ -536,6 +639,29 @@ class ForgettingSetState(SketchState[DedupOperator]):
 
     def contains(self, key: Any, partition: int) -> bool:
         return bool(self.describe(key, partition)["seen"])
+
+
+def _number_column(name: str, column: Any, dtype: Any) -> Any:
+    """``column`` (a list, tuple or 1-d numpy array) as a contiguous array of ``dtype``
+    (``np.float64``: numbers; ``np.int64``: ints); anything else in it (strings, None,
+    booleans, floats for ints) is a TypeError. A list is converted with its type known,
+    which costs a fraction of numpy's guessing."""
+    import numpy as np
+
+    ints = dtype is np.int64
+    what = "ints" if ints else "numbers"
+    if isinstance(column, np.ndarray):
+        if column.ndim != 1 or column.dtype.kind not in ("iu" if ints else "fiu"):
+            raise TypeError(f"{name} must be a column of {what}, not of {column.dtype} (shape {column.shape})")
+        return np.ascontiguousarray(column, dtype=dtype)
+    allowed = (int, np.integer) if ints else (int, float, np.integer, np.floating)
+    for t in set(map(type, column)):
+        if t is bool or not issubclass(t, allowed):
+            raise TypeError(f"{name} must be a column of {what}, not of {t.__name__}")
+    try:
+        return np.fromiter(column, dtype=dtype, count=len(column))
+    except OverflowError:
+        raise ValueError(f"{name}: a value out of the int64 range") from None
 
 
 def _common(name: str, source_topic: str, hash_key: HashKey | None, public_keys: bool,
