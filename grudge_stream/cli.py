@@ -155,6 +155,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from grudge_stream import logsetup
 
     class Worker(faust.Worker):
+        def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*a, **kw)
+            if not self.stdout.isatty():  # its cursor codes would land in a log file
+                self.spinner = None
+
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
             super().on_setup_root_logger(logger, level)
             logsetup.install(logger, json_lines=args.log_format == "json")
@@ -599,7 +604,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from grudge_stream.demo import run_demo
 
-    return run_demo(seconds=args.seconds, partitions=args.partitions, rate=args.rate)
+    return run_demo(seconds=args.seconds, partitions=args.partitions, rate=args.rate, keep=args.keep)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -700,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seconds", type=float, default=45.0)
     d.add_argument("--partitions", type=int, default=4)
     d.add_argument("--rate", type=float, default=2000.0, help="events per second of traffic")
+    d.add_argument("--keep", action="store_true",
+                   help="keep the broker (the one of make broker-start), the topics under the topology's own "
+                        "names and the hash key, for grudge-stream alerts / replay / worker / score next")
     d.set_defaults(func=cmd_demo)
 
     args = ap.parse_args(argv)
