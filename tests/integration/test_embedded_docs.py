@@ -29,10 +29,13 @@ from grudge_devkafka import free_port
 DOC = Path(__file__).resolve().parents[2] / "docs" / "embedding.md"
 
 
-def faust_example() -> str:
+def example(section: str = "## In a Faust app") -> str:
     text = DOC.read_text()
-    section = text[text.index("## In a Faust app"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```python\n(.*?)```", text[text.index(section):], re.S).group(1)
+
+
+def faust_example() -> str:
+    return example()
 
 
 def cli() -> str:
@@ -194,3 +197,50 @@ def test_client_commands_fail_in_one_line_on_an_unreachable_broker_or_a_missing_
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2, missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1 and "no topic" in missing.stderr, missing.stderr
+
+
+def test_docs_own_loop_runs_as_written(kafka_bootstrap, tmp_path):
+    """The page's confluent-kafka loop (``update_messages``), as the first hour runs it."""
+    run = uuid.uuid4().hex[:6]
+    code = example("## In a loop of your own")
+    for name in ('"shop-guard-loop-abuse"', '"shop-guard-loop"', '"logins"'):
+        assert name in code, f"{name} no longer in the example: update this test"
+        code = code.replace(name, name[:-1] + f'-{run}"')
+    source, state = f"logins-{run}", f"shop-guard-loop-abuse-{run}"
+    script = tmp_path / "shop_guard_loop.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items()
+           if k != "KAFKA_BOOTSTRAP_SERVERS" and not k.startswith("GRUDGE_") and k != "PYTHONPATH"}
+    env.update({"BROKER": kafka_bootstrap, "GRUDGE_SEED": secrets.token_hex(16)})
+    made = subprocess.run([cli(), "create-topic", source, "--partitions", "4", "--bootstrap-servers",
+                           kafka_bootstrap], env=env, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    log = tmp_path / "loop.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        p = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": "murmur2_random"})
+        for value in [b"good"] * 5 + [b"bad"] * 20:
+            p.produce(source, key=b"mallory", value=value)
+        for i in range(300):
+            p.produce(source, key=f"user-{i}".encode(), value=b"good")
+        assert p.flush(30) == 0
+        alerts = read_alerts(kafka_bootstrap, f"{state}-alerts", want=1)
+        assert [(a["key"], a["state"]) for a in alerts] == [("mallory", "raised")], log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "Traceback" not in log.read_text()
+    # Committed to the end: every record done with, snapshots covering them.
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"shop-guard-loop-{run}"})
+    try:
+        committed = {tp.partition: tp.offset for tp in c.committed([TopicPartition(source, q) for q in range(4)],
+                                                                  timeout=30)}
+        ends = {q: c.get_watermark_offsets(TopicPartition(source, q), timeout=10)[1] for q in range(4)}
+    finally:
+        c.close()
+    assert {q: o for q, o in committed.items() if ends[q]} == {q: e for q, e in ends.items() if e}
