@@ -1074,6 +1074,21 @@ def split_apply(ScoreSketch pos not None, ScoreSketch neg not None, keys, deltas
     return a.res
 
 
+def split_apply_one(ScoreSketch pos not None, ScoreSketch neg not None, key, double delta, now_ms,
+                    double lo, double hi):
+    """``split_apply`` of one event, without its arrays (a per-event caller's: embedded
+    state's ``update``): the key's score after it. The pair must be a ``SplitScoreSketch``'s
+    (``split_apply`` checks that; this is its hot path)."""
+    cdef uint64_t h = hash_key(&pos._hasher, key)
+    cdef int64_t now = pos._now(now_ms)
+    cdef double out = 0.0
+    if pos is neg:
+        raise ValueError("split_apply_one needs two distinct sketches")
+    with nogil:
+        _split_run(pos, neg, &h, 1, &delta, 0, &now, 0, lo, hi, &out)
+    return out
+
+
 def split_peek(ScoreSketch pos not None, ScoreSketch neg not None, key, now_ms, double lo, double hi):
     """One key's read on a split-sign pair, nothing written: ``(score, p, f)`` with ``p`` and
     ``f`` each half's ``QueryDetail`` at ``now_ms`` and ``score = clamp(p - f, lo, hi)``.

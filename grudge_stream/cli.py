@@ -45,18 +45,61 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def _connect(settings: Settings) -> dict:
-    """Check the Kafka connection once (a wrong password or TLS setup is one line, exit 2,
-    instead of clients retrying for ever) and return the clients' configuration."""
+# How long a client command (alerts, override, create-topic, replay) waits for a cluster that
+# does not answer before it says so and exits 2; a worker waits broker_wait_s.
+CLIENT_WAIT_S = 10.0
+
+
+def _connect(settings: Settings, wait_s: float = CLIENT_WAIT_S) -> dict:
+    """Check the Kafka connection once (a wrong password or TLS setup, or no answer within
+    ``wait_s``, is one line, exit 2, instead of clients retrying for ever) and return the
+    clients' configuration."""
     from grudge_stream.kafkaconf import check_connection, client_config
 
     conf = client_config(settings)
-    check_connection(settings)
+    check_connection(settings, wait_s=wait_s, warn=False)
     return conf
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("topology", help="shipped topology name (grudge_stream.topologies.<name>), dotted module, or .py path")
+def _existing_topics(conf: dict, names: list[str]) -> dict[str, int]:
+    """Partition count of each of ``names`` that exists on the cluster."""
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"log_level": 3, **conf}).list_topics(timeout=CLIENT_WAIT_S)
+    return {n: len(md.topics[n].partitions) for n in names if n in md.topics and md.topics[n].error is None}
+
+
+def _judged_topics(args: argparse.Namespace, settings: Settings) -> dict[str, str | None]:
+    """The alert state and overrides topics (and a name for messages) of what ``alerts`` and
+    ``override`` are pointed at: a topology, or an embedded state by its name (``--state``,
+    whose alerts topic is ``<name>-alerts``) or by its alerts topic (``--alerts-topic``)."""
+    from grudge_stream.client import topology_topics
+
+    given = [w for w in ("topology", "state", "alerts_topic") if getattr(args, w, None)]
+    if len(given) != 1:
+        raise ConfigError("name one of: a topology, --state NAME (an embedded state) or --alerts-topic TOPIC")
+    if args.topology:
+        topics = topology_topics(args.topology, settings)
+        return {**topics, "what": f"topology {args.topology!r}"}
+    alerts = args.alerts_topic or f"{args.state}-alerts"
+    what = f"state {args.state!r}" if args.state else f"alerts topic {alerts!r}"
+    return {"alert_state": f"{alerts}-state", "overrides": f"{alerts}-overrides", "alerts": alerts,
+            "app_id": None, "what": what}
+
+
+def _common(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    if embedded:
+        p.add_argument("topology", nargs="?", default=None,
+                       help="shipped topology name (grudge_stream.topologies.<name>), dotted module, or .py path; "
+                            "or, for sketch state in your own app, --state / --alerts-topic")
+        p.add_argument("--state", default=None, metavar="NAME",
+                       help="an embedded state (grudge_stream.state, docs/embedding.md) by its name: its topics "
+                            "<NAME>-alerts-state and <NAME>-alerts-overrides")
+        p.add_argument("--alerts-topic", default=None, metavar="TOPIC",
+                       help="an embedded state whose alerts_topic was given: TOPIC-state and TOPIC-overrides")
+    else:
+        p.add_argument("topology", help="shipped topology name (grudge_stream.topologies.<name>), dotted module, "
+                                        "or .py path")
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="topology setting (overrides the GRUDGE_<NAME> environment variable)")
     p.add_argument("--bootstrap-servers", default=None,
@@ -113,6 +156,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from grudge_stream import logsetup
 
     class Worker(faust.Worker):
+        def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*a, **kw)
+            if not self.stdout.isatty():  # its cursor codes would land in a log file
+                self.spinner = None
+
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
             super().on_setup_root_logger(logger, level)
             logsetup.install(logger, json_lines=args.log_format == "json")
@@ -367,7 +415,14 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     from grudge_stream.client import AlertView
 
     settings = _settings(args)
-    conf = _connect(settings)
+    topics = _judged_topics(args, settings)
+    if not topics["alert_state"]:
+        raise ConfigError(f"{topics['what']} publishes no alerts")
+    conf = _connect(settings, wait_s=min(args.timeout, CLIENT_WAIT_S))
+    if not _existing_topics(conf, [topics["alert_state"]]):
+        raise ConfigError(f"no topic {topics['alert_state']!r} on {settings.bootstrap_servers}: nothing of "
+                          f"{topics['what']} has run against this cluster yet (check --bootstrap-servers and the "
+                          "name; the topic is made when a worker or the state starts)")
     fmt = _alert_json if args.json else _alert_line
     lock = threading.Lock()
 
@@ -377,8 +432,14 @@ def cmd_alerts(args: argparse.Namespace) -> int:
                 print(fmt(state, change), flush=True)
         return cb
 
-    view = AlertView.for_topology(args.topology, settings, client_config=conf,
-                                  on_raise=show("raised"), on_clear=show("cleared"))
+    if args.topology:
+        view = AlertView.for_topology(args.topology, settings, client_config=conf,
+                                      on_raise=show("raised"), on_clear=show("cleared"))
+    else:
+        from grudge_stream.signing import SigningKeys
+
+        view = AlertView(settings.bootstrap_servers, topics["alert_state"], topics["overrides"], client_config=conf,
+                         on_raise=show("raised"), on_clear=show("cleared"), signing=SigningKeys.from_settings(settings))
     view.start(timeout_s=args.timeout)
     try:
         # The workers' watermarks (their members records): a ban on a quiet partition is lifted
@@ -388,19 +449,21 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
         app_id = view.app_id or ""
         marks = read_watermarks(settings.bootstrap_servers, app_id, client_config=conf,
-                                signing=SigningKeys.from_settings(settings), timeout_s=min(args.timeout, 10.0))
+                                signing=SigningKeys.from_settings(settings),
+                                timeout_s=min(args.timeout, 10.0)) if app_id else {}
         with lock:
             current = sorted(view.raised().values(), key=lambda s: s.key)
             for state in current:
-                print(fmt(state, None, marks), flush=True)
+                print(fmt(state, None, marks if app_id else None), flush=True)
             if not args.json:
                 print(f"# {len(current)} raised ({view.state_topic}"
                       + (f", overrides {view.overrides_topic}" if view.overrides_topic else "") + ")",
                       file=sys.stderr, flush=True)
                 ages = {p: _watermark_age_s(marks, p) for p in sorted(marks)}
-                print("# watermark age by partition: " + (" ".join(
-                    f"{p}={'?' if a is None else f'{a:.0f}s'}" for p, a in ages.items())
-                    or f"unknown (no worker record on {app_id}-members)"), file=sys.stderr, flush=True)
+                if app_id:  # an embedded state's app publishes no members records
+                    print("# watermark age by partition: " + (" ".join(
+                        f"{p}={'?' if a is None else f'{a:.0f}s'}" for p, a in ages.items())
+                        or f"unknown (no worker record on {app_id}-members)"), file=sys.stderr, flush=True)
         if args.follow:
             stop = threading.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -415,15 +478,14 @@ def cmd_override(args: argparse.Namespace) -> int:
     """Publish an allow / deny entry (or clear one) on the topology's overrides topic."""
     from confluent_kafka import Producer
 
-    from grudge_stream.client import topology_topics
     from grudge_stream.overrides import OVERRIDES_TOPIC_CONFIG, encode_override, parse_duration
     from grudge_stream.topics import create_topics
 
     settings = _settings(args)
-    topics = topology_topics(args.topology, settings)
+    topics = _judged_topics(args, settings)
     topic = topics["overrides"]
     if not topic:
-        raise ConfigError(f"topology {args.topology!r} takes no overrides")
+        raise ConfigError(f"{topics['what']} takes no overrides")
     if args.action == "clear" and args.for_ is not None:
         raise ConfigError("--for goes with allow or deny")
     for_ms = parse_duration(args.for_) if args.for_ is not None else None
@@ -449,11 +511,35 @@ def cmd_override(args: argparse.Namespace) -> int:
         print(f"grudge-stream override: not delivered to {topic}: {errors[0] if errors else 'timeout'}",
               file=sys.stderr)
         return 1
+    if args.state or args.alerts_topic:
+        print("# a state applies it only with overrides=True, at the key's next event; AlertView and "
+              "grudge-stream alerts at once", file=sys.stderr)
     until = f" for {args.for_}" if args.for_ else " until cleared"
     what = "cleared" if args.action == "clear" else args.action + until
     if signing is not None:
         what += f", signed by {signing.signer}"
     print(f"{args.key}: {what} ({topic})")
+    return 0
+
+
+def cmd_create_topic(args: argparse.Namespace) -> int:
+    """Create a plain topic (the source of a state in your own app) unless it exists with as
+    many partitions; a topic of another partition count is refused (one line, exit 2)."""
+    from grudge_stream.topics import create_topics
+
+    if args.partitions < 1:
+        raise ConfigError(f"--partitions must be >= 1, not {args.partitions}")
+    settings = _settings(args)
+    conf = _connect(settings)
+    have = _existing_topics(conf, [args.name]).get(args.name)
+    if have is not None and have != args.partitions:
+        raise ConfigError(f"topic {args.name!r} exists with {have} partitions, not {args.partitions}: keys would "
+                          "land on other partitions than a state split by it expects; use another name")
+    if have is None:
+        create_topics(settings.bootstrap_servers, {args.name: (args.partitions, {})}, client_config=conf,
+                      replication_factor=args.replication_factor)
+    print(f"{args.name}: {args.partitions} partitions ({'created' if have is None else 'exists'}) "
+          f"on {settings.bootstrap_servers}")
     return 0
 
 
@@ -519,7 +605,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from grudge_stream.demo import run_demo
 
-    return run_demo(seconds=args.seconds, partitions=args.partitions, rate=args.rate)
+    return run_demo(seconds=args.seconds, partitions=args.partitions, rate=args.rate, keep=args.keep)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -575,15 +661,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--quiet", action="store_true", help="no progress display")
     r.set_defaults(func=cmd_replay)
 
-    al = sub.add_parser("alerts", help="a topology's currently raised keys (--follow: and every change)")
-    _common(al)
+    al = sub.add_parser("alerts", help="a topology's or an embedded state's currently raised keys (--follow: "
+                        "and every change)")
+    _common(al, embedded=True)
     al.add_argument("--follow", "-f", action="store_true", help="keep printing raises and clears")
     al.add_argument("--json", action="store_true", help="one JSON object per line")
     al.add_argument("--timeout", type=float, default=60.0, help="longest wait for the bootstrap (s)")
     al.set_defaults(func=cmd_alerts)
 
-    ov = sub.add_parser("override", help="allow or deny a key whatever its score, or clear that")
-    _common(ov)
+    ov = sub.add_parser("override", help="allow or deny a key whatever its score, or clear that (a topology "
+                        "or an embedded state)")
+    _common(ov, embedded=True)
     ov.add_argument("action", choices=["allow", "deny", "clear"])
     ov.add_argument("key", help="the key (UTF-8 text)")
     ov.add_argument("--for", dest="for_", default=None, metavar="DURATION",
@@ -604,10 +692,23 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
     sc.set_defaults(func=cmd_score)
 
+    ct = sub.add_parser("create-topic", help="create a plain topic (the source topic of a state in your own app) "
+                        "if missing; an existing one must have as many partitions")
+    ct.add_argument("name")
+    ct.add_argument("--partitions", type=int, required=True)
+    ct.add_argument("--replication-factor", type=int, default=-1, help="default: the broker's")
+    ct.add_argument("--set", action="append", metavar="NAME=VALUE", help="a client setting (security, kafka.*)")
+    ct.add_argument("--bootstrap-servers", default=None,
+                    help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or 127.0.0.1:9092)")
+    ct.set_defaults(func=cmd_create_topic)
+
     d = sub.add_parser("demo", help="local broker + abuse-score worker + traffic; prints alerts")
     d.add_argument("--seconds", type=float, default=45.0)
     d.add_argument("--partitions", type=int, default=4)
     d.add_argument("--rate", type=float, default=2000.0, help="events per second of traffic")
+    d.add_argument("--keep", action="store_true",
+                   help="keep the broker (the one of make broker-start), the topics under the topology's own "
+                        "names and the hash key, for grudge-stream alerts / replay / worker / score next")
     d.set_defaults(func=cmd_demo)
 
     args = ap.parse_args(argv)

@@ -6,6 +6,9 @@
         if view.is_raised(client_id):      # O(1), no I/O
             return refuse()
 
+``AlertView.for_state(state)`` (or ``for_state("shop-guard-abuse", bootstrap_servers=...)``)
+is the same view of a sketch state embedded in your own app (docs/embedding.md).
+
 ``AlertView`` reads two compacted topics from the beginning and keeps following
 them in a background thread:
 
@@ -140,6 +143,40 @@ class AlertView:
         view = cls(settings.bootstrap_servers, topics["alert_state"], topics["overrides"], **kwargs)
         view.app_id = topics["app_id"]
         return view
+
+    @classmethod
+    def for_state(cls, state: Any, *, bootstrap_servers: str | None = None,
+                  client_config: dict[str, Any] | None = None, alerts_topic: str | None = None,
+                  **kwargs: Any) -> "AlertView":
+        """A view of the ban list of sketch state embedded in an app (``grudge_stream.state``,
+        docs/embedding.md): ``state`` is the state itself (its topics and cluster are its
+        own, a Faust app's if it is attached to one), or its name (topics ``<name>-alerts-state``
+        and ``<name>-alerts-overrides``; ``alerts_topic`` if the state was given one). The
+        overrides topic is read whether the state follows it (``overrides=True``) or not."""
+        from grudge_stream.topology import Settings
+
+        if isinstance(state, str):
+            if not state:
+                raise ValueError("state: a state's name, not ''")
+            alerts = alerts_topic or f"{state}-alerts"
+            bootstrap = bootstrap_servers or Settings().bootstrap_servers
+        else:
+            alerts = state.outputs.get("alerts")
+            if not alerts:
+                from grudge_stream.exceptions import ConfigError
+
+                raise ConfigError(f"state {state.name!r} publishes no alerts")
+            own_bootstrap, own_config = state.connection()
+            bootstrap = bootstrap_servers or own_bootstrap
+            if client_config is None:
+                from grudge_stream.kafkaconf import client_config as settings_client_config
+
+                client_config = {**settings_client_config(state.settings, bootstrap), **own_config}
+        if client_config is None:
+            from grudge_stream.kafkaconf import client_config as settings_client_config
+
+            client_config = settings_client_config(Settings(), bootstrap)
+        return cls(bootstrap, f"{alerts}-state", f"{alerts}-overrides", client_config=client_config, **kwargs)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -9,6 +9,12 @@ alert as it arrives on the alert topic. Stops everything it started after
 ``--seconds``. Writes nothing to the working directory: the worker's log and
 state directory go to a temporary directory (the state is removed at the end,
 the log kept).
+
+``--keep`` keeps the data for the next steps (``grudge-stream alerts``, ``replay``,
+``worker``, ``score``): the topology's own topic names instead of random ones, the
+dev broker of ``make broker-start`` (started if it is not running, left running;
+``make broker-stop`` stops it), a hash key kept in a file beside it, and an
+``export`` line that points those commands at all of it.
 """
 from __future__ import annotations
 
@@ -47,8 +53,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _local_broker():
-    """The dev broker (tools/devkafka, not part of the grudge-stream wheel), started."""
+def _local_broker(keep: bool = False):
+    """The dev broker (tools/devkafka, not part of the grudge-stream wheel), started; with
+    ``keep`` the one of ``make broker-start`` (adopted if it runs), left running."""
     from grudge_stream.exceptions import ConfigError, GrudgeError
 
     try:
@@ -61,14 +68,24 @@ def _local_broker():
             "(pip install ./tools/devkafka from a grudge-stream checkout; `make demo` does it)"
         ) from None
     _say("starting a local Kafka broker (the first run fetches its jars with Maven)...")
-    broker = LocalKafka(quiet=True)
+    if keep:
+        from grudge_devkafka import default_state_dir
+
+        broker = LocalKafka(default_state_dir(), quiet=True, die_with_parent=False)
+    else:
+        broker = LocalKafka(quiet=True)
     try:
         return broker, broker.start()
     except DevKafkaError as exc:
         raise GrudgeError(f"the local Kafka broker did not start: {exc}") from exc
 
 
-def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -> int:
+# The demo's settings beside the topology's defaults: a fast decay (half-life ~7 s) so it
+# also shows keys clearing once abuse stops.
+DEMO_SETTINGS = {"decay_per_s": "0.1", "sweep_interval_ms": "2000"}
+
+
+def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0, keep: bool = False) -> int:
     from grudge_stream.kafkaconf import client_config
     from grudge_stream.topics import ensure_topology_topics
     from grudge_stream.topology import Settings, load_topology
@@ -76,25 +93,38 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        broker, bootstrap = _local_broker()
+        broker, bootstrap = _local_broker(keep)
     run = uuid.uuid4().hex[:6]
-    overrides = {
-        "source_topic": f"demo-{run}-events",
-        "alerts_topic": f"demo-{run}-alerts",
-        "scores_topic": f"demo-{run}-scores",
-        "dead_letter_topic": f"demo-{run}-dead-letters",
-        "snapshot_topic": f"demo-{run}-snapshots",
-        "app_name": f"demo-{run}",
-        # A fast decay (half-life ~7 s) so the demo also shows keys clearing once abuse stops.
-        "decay_per_s": "0.1",
-        "sweep_interval_ms": "2000",
-        "bootstrap_servers": bootstrap,
-    }
-    # A fresh secret hash key per demo run, handed to the worker through its environment.
-    seed = secrets.token_hex(16)
+    if keep:
+        # The topology's own topic names: the next commands need no --set for them.
+        overrides = {**DEMO_SETTINGS, "bootstrap_servers": bootstrap}
+    else:
+        overrides = {
+            "source_topic": f"demo-{run}-events",
+            "alerts_topic": f"demo-{run}-alerts",
+            "scores_topic": f"demo-{run}-scores",
+            "dead_letter_topic": f"demo-{run}-dead-letters",
+            "snapshot_topic": f"demo-{run}-snapshots",
+            "app_name": f"demo-{run}",
+            **DEMO_SETTINGS,
+            "bootstrap_servers": bootstrap,
+        }
     worker = None
     work = tempfile.mkdtemp(prefix=f"grudge-demo-{run}-")
     state = os.path.join(work, "state")
+    if keep:
+        # One hash key for every kept run (the snapshots are hashed under it), in a file.
+        seed_file = os.path.join(os.path.expanduser("~"), ".config", "grudge-stream", "demo.seed")
+        if not os.path.exists(seed_file):
+            os.makedirs(os.path.dirname(seed_file), exist_ok=True)
+            fd = os.open(seed_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(16) + "\n")
+        with open(seed_file) as f:
+            seed = f.read().strip()
+    else:
+        # A fresh secret hash key per demo run, handed to the worker through its environment.
+        seed = secrets.token_hex(16)
     try:
         settings = Settings(overrides, environ={**os.environ, "GRUDGE_SEED": seed})
         topology = load_topology("abuse_scores", settings)
@@ -119,6 +149,17 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
                                       env={**os.environ, "GRUDGE_SEED": seed})
         _traffic_and_alerts(bootstrap, topology, seconds, rate, conf)
         _say(f"worker log: {log_path}")
+        if keep:
+            env = " ".join(f"GRUDGE_{k.upper()}={v}" for k, v in DEMO_SETTINGS.items())
+            _say(f"kept: the broker at {bootstrap}"
+                 + (" (make broker-stop stops it)" if broker is not None else "")
+                 + f", the topics {topology.source_topic}, {topology.outputs['alerts']}, ..., and the hash key "
+                 f"in {seed_file}. Next:\n"
+                 f"  export KAFKA_BOOTSTRAP_SERVERS={bootstrap} GRUDGE_SEED_FILE={seed_file} {env}\n"
+                 "  grudge-stream alerts abuse_scores                       # the raised set\n"
+                 "  grudge-stream replay abuse_scores --output stdout       # the history again, as a dry run\n"
+                 "  grudge-stream worker abuse_scores                       # restores from its snapshots; then:\n"
+                 "  grudge-stream score abuse_scores client-abuse-0          # a key's live score")
         return 0
     finally:
         if worker is not None and worker.poll() is None:
@@ -129,7 +170,7 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0) -
                 worker.kill()
                 worker.wait(10)
         shutil.rmtree(state, ignore_errors=True)
-        if broker is not None:
+        if broker is not None and not keep:
             broker.stop()
 
 

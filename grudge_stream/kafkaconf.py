@@ -446,6 +446,11 @@ class _OncePer(logging.Filter):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed record is let through as is
             return True
+        # A broker that has just started loads its transaction coordinator: an idempotent
+        # producer's first PID request is told to wait, and librdkafka retries on its own (a
+        # lasting failure shows as undelivered records). A line at every start says nothing.
+        if "Coordinator load in progress: retrying" in text:
+            return False
         # Without the client's name ("rdkafka#producer-3", "<client.id>#consumer-1") and numbers:
         # the same refusal seen by every client, after any delay, is one kind.
         kind = re.sub(r"\d+", "#", re.sub(r"\S*#(?:producer|consumer)-\d+", "", text))
@@ -514,10 +519,14 @@ def producer_config(client_config: Mapping[str, Any], *, bootstrap_servers: str 
 
 def describe(settings) -> str:
     """One line for the startup log: protocol, mechanism and user, no secrets."""
-    props = client_properties(settings)
+    return describe_properties(client_properties(settings))
+
+
+def describe_properties(props: Mapping[str, Any]) -> str:
+    """``describe`` of a set of client properties."""
     proto = props.get("security.protocol", "PLAINTEXT")
     if proto.startswith("SASL_"):
-        mech = props["sasl.mechanisms"]
+        mech = props.get("sasl.mechanisms", "PLAIN")
         who = f" as {props['sasl.username']!r}" if props.get("sasl.username") else ""
         return f"{proto} ({mech}{who})"
     return proto
@@ -572,6 +581,85 @@ def faust_options(settings) -> dict[str, Any]:
     return {"broker_credentials": faust.SASLCredentials(username=props["sasl.username"],
                                                          password=props["sasl.password"],
                                                          ssl_context=ctx, mechanism=mech)}
+
+
+# -- a Faust app's own connection, for the confluent-kafka clients of its embedded state ------
+
+# What an ``ssl.SSLContext`` keeps to itself: a client certificate and key loaded into it
+# cannot be read back, so mutual TLS has to be repeated in the state's client_config.
+SSL_CONTEXT_UNMAPPED = ("a client certificate in the app's SSL context cannot be read back from it "
+                        "(mutual TLS: give ssl.certificate.location and ssl.key.location in client_config)")
+
+
+def faust_bootstrap(app) -> str:
+    """``bootstrap.servers`` of a Faust app's broker list (``app.conf.broker``: one or more
+    ``kafka://host:port`` URLs; a URL without a port means 9092, as Faust has it)."""
+    urls = app.conf.broker
+    if not isinstance(urls, (list, tuple)):
+        urls = [urls]
+    hosts = []
+    for url in urls:
+        if getattr(url, "scheme", "kafka") not in ("kafka", "aiokafka"):
+            raise ConfigError(f"the Faust app's broker {str(url)!r} is not a Kafka one (kafka://host:port): "
+                              "give the state bootstrap_servers")
+        host = getattr(url, "host", None)
+        if not host:
+            raise ConfigError(f"the Faust app's broker {str(url)!r} names no host (kafka://host:port)")
+        hosts.append(f"{host}:{url.port or 9092}")
+    return ",".join(hosts)
+
+
+def _ssl_properties(ctx: ssl.SSLContext) -> dict[str, str]:
+    """What librdkafka can be told of an SSL context: its CA certificates (as PEM) and whether
+    it verifies the broker's certificate and host name."""
+    props: dict[str, str] = {}
+    cas = ctx.get_ca_certs(binary_form=True)
+    if cas:
+        props["ssl.ca.pem"] = "".join(ssl.DER_cert_to_PEM_cert(der) for der in cas)
+    else:
+        props["ssl.ca.location"] = "probe"  # the system's store, as a default context has it
+    if ctx.verify_mode == ssl.CERT_NONE:
+        props["enable.ssl.certificate.verification"] = "false"
+    props["ssl.endpoint.identification.algorithm"] = "https" if ctx.check_hostname else "none"
+    return props
+
+
+def faust_client_properties(app) -> tuple[dict[str, str], str | None]:
+    """The confluent-kafka security properties of a Faust app's ``broker_credentials`` (SASL
+    PLAIN / SCRAM / GSSAPI, TLS), and one line on what could not be carried over (None:
+    everything was). OAUTHBEARER's token provider is aiokafka's and cannot be: ConfigError."""
+    import faust
+    from faust.types.auth import to_credentials
+
+    cred = to_credentials(app.conf.broker_credentials)
+    if cred is None:
+        return {}, None
+    ctx = getattr(cred, "ssl_context", None) if not isinstance(cred, faust.SSLCredentials) else cred.context
+    props: dict[str, str] = {}
+    unmapped: list[str] = []
+    if isinstance(cred, faust.OAuthCredentials):
+        raise ConfigError("the Faust app's OAuthCredentials (an aiokafka token provider) cannot be handed to "
+                          "confluent-kafka: give the state client_config with the sasl.oauthbearer.* "
+                          "properties (docs/security.md)")
+    if isinstance(cred, faust.SASLCredentials):
+        props.update({"security.protocol": "SASL_SSL" if ctx is not None else "SASL_PLAINTEXT",
+                      "sasl.mechanisms": str(getattr(cred.mechanism, "value", cred.mechanism)),
+                      "sasl.username": cred.username or "", "sasl.password": cred.password or ""})
+    elif isinstance(cred, faust.GSSAPICredentials):
+        props.update({"security.protocol": "SASL_SSL" if ctx is not None else "SASL_PLAINTEXT",
+                      "sasl.mechanisms": "GSSAPI",
+                      "sasl.kerberos.service.name": cred.kerberos_service_name})
+        if cred.kerberos_domain_name:
+            unmapped.append("kerberos_domain_name (librdkafka takes the broker's host name)")
+    elif isinstance(cred, faust.SSLCredentials):
+        props["security.protocol"] = "SSL"
+    else:
+        raise ConfigError(f"the Faust app's broker_credentials {type(cred).__name__} cannot be handed to "
+                          "confluent-kafka: give the state client_config")
+    if ctx is not None:
+        props.update(_ssl_properties(ctx))
+        unmapped.append(SSL_CONTEXT_UNMAPPED)
+    return props, ("; ".join(unmapped) or None)
 
 
 # -- OAUTHBEARER for aiokafka ---------------------------------------------------------------------
@@ -692,7 +780,9 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def check_connection(settings, timeout_s: float = 5.0, wait_s: float | None = None) -> None:
+def check_connection(settings, timeout_s: float = 5.0, wait_s: float | None = None, *,
+                     bootstrap_servers: str | None = None, properties: Mapping[str, Any] | None = None,
+                     warn: bool = True) -> None:
     """Connect once with the configured security and ask for metadata.
 
     An authentication or TLS failure raises ConfigError at once — one line naming the
@@ -700,12 +790,15 @@ def check_connection(settings, timeout_s: float = 5.0, wait_s: float | None = No
     within ``timeout_s`` gets one warning line, then a line every 15 s while the check
     retries, up to ``wait_s`` (setting ``broker_wait_s``, 120 s): then a ConfigError (exit
     2; a supervisor restarts the worker). Bad settings and unknown client properties are
-    ConfigErrors too."""
+    ConfigErrors too. ``warn=False`` (a client command's short wait) leaves out the lines
+    while it waits: the one that ends it says it all. ``bootstrap_servers`` and ``properties`` (an embedded state's own,
+    e.g. those of its Faust app) stand in for the settings' when given."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    props = client_properties(settings)
-    bootstrap = settings.bootstrap_servers
+    props = dict(client_properties(settings) if properties is None else
+                 {k: v for k, v in properties.items() if k not in CALLBACKS and k != "bootstrap.servers"})
+    bootstrap = bootstrap_servers or settings.bootstrap_servers
     errors: list = []
     silent = logging.getLogger("grudge_stream.kafka.check")
     silent.propagate = False
@@ -721,7 +814,7 @@ def check_connection(settings, timeout_s: float = 5.0, wait_s: float | None = No
         raise ConfigError(f"invalid Kafka client configuration: {_one_line(err.str())}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid Kafka client configuration: {_one_line(exc)}") from None
-    who = describe(settings)
+    who = describe(settings) if properties is None else describe_properties(props)
     if wait_s is None:
         wait_s = settings.get("broker_wait_s", 120.0)
     t0 = time.monotonic()
@@ -764,7 +857,7 @@ def check_connection(settings, timeout_s: float = 5.0, wait_s: float | None = No
                     f"Kafka at {bootstrap} did not answer within {now - t0:.0f} s{detail}. Operator action: "
                     "check bootstrap_servers, the network and security_protocol; broker_wait_s sets how long "
                     "a starting worker waits")
-            if warned_at is None or now - warned_at >= 15:
+            if warn and (warned_at is None or now - warned_at >= 15):
                 log.warning("no answer from Kafka at %s with %s after %.0f s%s; retrying for up to %.0f s "
                             "(broker_wait_s; a security_protocol other than the listener's can look like "
                             "this too)", bootstrap, who, now - t0, detail, wait_s)

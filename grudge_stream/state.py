@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
 from grudge_stream.checkpoint import SnapshotWrite
@@ -49,7 +50,7 @@ from grudge_stream.operators.heavy import HeavyHitterOperator
 from grudge_stream.operators.ratelimit import RateLimitOperator
 from grudge_stream.operators.scores import FeedbackScoreOperator
 from grudge_stream.operators.records import OutputRecord
-from grudge_stream.settings import Settings
+from grudge_stream.settings import Settings, setting
 from grudge_stream.topology import Topology
 
 if TYPE_CHECKING:
@@ -103,7 +104,9 @@ class SketchState(Generic[OpT]):
       with ``public_keys=False``;
     - ``snapshot_topic``, ``dead_letter_topic``: override the derived names;
     - ``bootstrap_servers``, ``client_config``: the cluster (confluent-kafka properties
-      such as SASL and TLS); default ``KAFKA_BOOTSTRAP_SERVERS``;
+      such as SASL and TLS); attached to a Faust app, each defaults to the app's own
+      (``broker``, ``broker_credentials``), else ``KAFKA_BOOTSTRAP_SERVERS`` and the
+      ``GRUDGE_*`` security settings;
     - ``checkpoint_interval_s``: how often the Faust binding snapshots (a loop of your
       own decides itself when to call ``checkpoint``);
     - ``overrides`` (scores, rate limits, heavy hitters): follow ``<alerts>-overrides``
@@ -140,6 +143,7 @@ class SketchState(Generic[OpT]):
         self._settings = settings or Settings()
         self._bootstrap = bootstrap_servers
         self._client_config = dict(client_config or {})
+        self._client_config_given = client_config is not None
         self.core: EmbeddedCore | None = None
         self._follower: Any = None
         # Restores and start-up run in a runtime's executor threads and, on first use, on its
@@ -150,8 +154,17 @@ class SketchState(Generic[OpT]):
         # the runtime has assigned but not yet restored is restored on first use.
         self.current_position: Callable[[], tuple[int, int, int]] | None = None
         self.restore_on_demand: Callable[[int], None] | None = None
+        # Set by a runtime binding: the cluster of the app the state is attached to, as
+        # ``(bootstrap servers, client properties, what could not be carried over)``; used for
+        # whichever of bootstrap_servers / client_config was not given.
+        self.app_connection: Callable[[], tuple[str, dict[str, Any], str | None]] | None = None
 
     # -- identity -------------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The settings the state's clients read beside its own arguments (security, waits)."""
+        return self._settings
 
     @property
     def operator_id(self) -> str:
@@ -168,14 +181,37 @@ class SketchState(Generic[OpT]):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def connection(self) -> tuple[str, dict[str, Any]]:
+        """The bootstrap servers and client properties the state's clients use: those given,
+        else its app's (a Faust app's ``broker`` and ``broker_credentials``), else the
+        settings' (``KAFKA_BOOTSTRAP_SERVERS``, the ``GRUDGE_*`` security settings)."""
+        bootstrap, props = self._bootstrap, dict(self._client_config)
+        if self.app_connection is not None and (bootstrap is None or not self._client_config_given):
+            app_bootstrap, app_props, unmapped = self.app_connection()
+            if bootstrap is None:
+                bootstrap = app_bootstrap
+            if not self._client_config_given:
+                props = app_props
+                if unmapped:
+                    log.info("state %s: the app's broker_credentials carried over, except: %s", self.name, unmapped)
+        return bootstrap or self._settings.bootstrap_servers, props
+
     def start(self, *, create_topics: bool = True) -> "SketchState[OpT]":
-        """Connect (blocking): create the snapshot and output topics if missing (with the
-        source's partition count), and the producer and snapshot store."""
+        """Connect (blocking): check that the cluster answers (a ``ConfigError`` naming the
+        address otherwise, after ``broker_wait_s``; at once for a failed login or TLS
+        handshake), create the snapshot and output topics if missing (with the source's
+        partition count), and the producer and snapshot store."""
+        from grudge_stream.kafkaconf import check_connection, client_properties
         from grudge_stream.runtime.embedded import EmbeddedCore, ensure_topics
 
         with self._lock:
             if self.core is not None:
                 return self
+            self._bootstrap, self._client_config = self.connection()
+            self._client_config_given = True
+            check_connection(self._settings, wait_s=setting(self._settings, "broker_wait_s"),
+                             bootstrap_servers=self._bootstrap,
+                             properties={**client_properties(self._settings), **self._client_config})
             if create_topics:
                 ensure_topics(self.topology, self._settings, self._bootstrap, self._client_config)
             core = EmbeddedCore(self.topology, self._settings, bootstrap_servers=self._bootstrap,
@@ -342,6 +378,74 @@ class SketchState(Generic[OpT]):
             self._core().publish(outputs)
         return results
 
+    def _apply_columns(self, keys: Any, values: Any, partitions: Any, offsets: Any, timestamps_ms: Any) -> int:
+        """The batch form (see ``ScoreState.update_many``): every argument checked for every
+        event first (a bad one raises and nothing changes), then per partition the column
+        pipeline of the batch worker; outputs published once. The number of events applied
+        (not below a restored snapshot's offset, not refused for their time)."""
+        import numpy as np
+
+        from grudge_stream.operators.codec import MAX_TIMESTAMP_MS
+        from grudge_stream.record_checks import EMPTY_KEY, key_too_long
+
+        n = len(keys)
+        if not (len(values) == len(partitions) == len(offsets) == len(timestamps_ms) == n):
+            raise ValueError(f"keys, values, partitions, offsets and timestamps_ms must be as long as each other "
+                             f"({n}, {len(values)}, {len(partitions)}, {len(offsets)}, {len(timestamps_ms)})")
+        if n == 0:
+            return 0
+        if set(map(type, keys)) != {bytes}:
+            keys = [_key_bytes(k) for k in keys]
+        vals = _number_column("values", values, np.float64)
+        if not np.isfinite(vals).all():
+            i = int(np.flatnonzero(~np.isfinite(vals))[0])
+            raise ValueError(f"values[{i}] is not finite ({vals[i]!r})")
+        parts, offs, ts = (_number_column(name, col, np.int64) for name, col in
+                           (("partitions", partitions), ("offsets", offsets), ("timestamps_ms", timestamps_ms)))
+        for name, col, high in (("partitions", parts, None), ("offsets", offs, None),
+                                ("timestamps_ms", ts, MAX_TIMESTAMP_MS)):
+            if col.min() < 0 or (high is not None and col.max() > high):
+                out_of_range = (col < 0) if high is None else ((col < 0) | (col > high))
+                i = int(np.flatnonzero(out_of_range)[0])
+                raise ValueError(f"{name}[{i}] is out of range ({int(col[i])})")
+        first = int(parts[0])
+        if (parts == first).all():
+            groups: list[tuple[int, Any]] = [(first, None)]
+        else:
+            order = np.argsort(parts, kind="stable")
+            cuts = np.flatnonzero(np.diff(parts[order])) + 1
+            groups = [(int(parts[sel[0]]), sel) for sel in np.split(order, cuts)]
+        ops = [(self.operator(p), sel) for p, sel in groups]  # StateNotReady before any change
+        codec = ops[0][0].codec
+        lengths = list(map(len, keys))
+        if not codec.allow_empty_keys and min(lengths) == 0:
+            raise ValueError(f"keys[{lengths.index(0)}]: {EMPTY_KEY}")
+        if codec.max_key_bytes and max(lengths) > codec.max_key_bytes:
+            i = next(j for j, m in enumerate(lengths) if m > codec.max_key_bytes)
+            raise ValueError(f"keys[{i}]: {key_too_long(lengths[i], codec.max_key_bytes)}")
+        columns = []
+        for op, sel in ops:
+            o, t, k, v = (offs, ts, keys, vals) if sel is None else (
+                offs[sel], ts[sel], list(itemgetter(*sel.tolist())(keys)) if len(sel) > 1 else [keys[sel[0]]],
+                vals[sel])
+            if len(o) > 1 and not (np.diff(o) > 0).all():
+                raise ValueError(f"offsets of partition {op.partition} must increase, event by event")
+            columns.append((op, o.tolist(), t.tolist(), np.ascontiguousarray(t), k, np.ascontiguousarray(v)))
+        outputs: list[OutputRecord] = []
+        applied = 0
+        for op, o, t_list, t, k, v in columns:
+            before = op.counters["events"]
+            out = op.process_values(o, t_list, t, k, v)
+            if out is None:  # an operator that applies event by event: the per-call path
+                out = []
+                for j in range(len(o)):
+                    out.extend(op.apply_event(k[j], float(v[j]), offset=o[j], timestamp_ms=t_list[j]) or ())
+            outputs.extend(out)
+            applied += op.counters["events"] - before
+        if outputs:
+            self._core().publish(outputs)
+        return applied
+
     def describe(self, key: Any, partition: int, debug: bool = False) -> dict[str, Any]:
         """The key's current state in ``partition`` (score, raised, ...), read at the
         partition's watermark without changing anything; ``debug`` adds the per-level reads
@@ -390,8 +494,42 @@ class ScoreState(SketchState[FeedbackScoreOperator]):
                timestamp_ms: int | None = None) -> float | None:
         """Add ``delta`` to ``key``'s score at the event's time; the new score (None: the
         event was already reflected, or refused for its time)."""
+        if partition is None and offset is None and timestamp_ms is None and self.current_position is not None:
+            partition, offset, timestamp_ms = self.current_position()
+        core = self.core
+        # The common event (bytes key, float delta, int position, in order, no timer due)
+        # in as few steps as the sketch allows; any other through ``apply``, the same rules.
+        if (core is not None and type(key) is bytes and type(delta) is float and type(partition) is int
+                and type(offset) is int and type(timestamp_ms) is int and offset >= 0):
+            slot = core.slots.get(partition)
+            if slot is not None:
+                op = slot.operator
+                out = op.update_in_order(key, delta, offset, timestamp_ms)
+                if out is not None:
+                    if out:
+                        core.publish(out)
+                    return op.result  # type: ignore[no-any-return]
         result = self.apply(key, delta, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
         return None if result is None else float(result)
+
+    def update_many(self, keys: Any, deltas: Any, *, partitions: Any, offsets: Any, timestamps_ms: Any) -> int:
+        """The batch form of ``update``: columns of what a loop already has (lists or numpy
+        arrays, one entry per event: keys as bytes or str, deltas, partitions, offsets,
+        timestamps in ms), applied as the batch worker applies a batch: per partition, one
+        pass of the column pipeline (the sketch updated by one call, only the events that can
+        change an alert looked at one by one). Each partition's events in offset order; any
+        bad entry raises ``TypeError`` / ``ValueError`` naming it, and nothing changes.
+        Returns how many events were applied (those below a restored snapshot's offset are
+        skipped, those refused for their time dead-lettered); outputs are published once."""
+        return self._apply_columns(keys, deltas, partitions, offsets, timestamps_ms)
+
+    def update_messages(self, messages: Any, deltas: Any) -> int:
+        """``update_many`` over confluent-kafka ``Message`` objects of the source topic (a
+        ``consume()`` batch without its error messages) and one delta per message."""
+        if {m.topic() for m in messages} - {self.source_topic}:
+            raise ValueError(f"messages of other topics than {self.source_topic!r}")
+        return self._apply_columns([m.key() for m in messages], deltas, [m.partition() for m in messages],
+                                   [m.offset() for m in messages], [m.timestamp()[1] for m in messages])
 
     def score(self, key: Any, partition: int) -> float:
         return float(self.describe(key, partition)["score"])
@@ -501,6 +639,29 @@ class ForgettingSetState(SketchState[DedupOperator]):
 
     def contains(self, key: Any, partition: int) -> bool:
         return bool(self.describe(key, partition)["seen"])
+
+
+def _number_column(name: str, column: Any, dtype: Any) -> Any:
+    """``column`` (a list, tuple or 1-d numpy array) as a contiguous array of ``dtype``
+    (``np.float64``: numbers; ``np.int64``: ints); anything else in it (strings, None,
+    booleans, floats for ints) is a TypeError. A list is converted with its type known,
+    which costs a fraction of numpy's guessing."""
+    import numpy as np
+
+    ints = dtype is np.int64
+    what = "ints" if ints else "numbers"
+    if isinstance(column, np.ndarray):
+        if column.ndim != 1 or column.dtype.kind not in ("iu" if ints else "fiu"):
+            raise TypeError(f"{name} must be a column of {what}, not of {column.dtype} (shape {column.shape})")
+        return np.ascontiguousarray(column, dtype=dtype)
+    allowed = (int, np.integer) if ints else (int, float, np.integer, np.floating)
+    for t in set(map(type, column)):
+        if t is bool or not issubclass(t, allowed):
+            raise TypeError(f"{name} must be a column of {what}, not of {t.__name__}")
+    try:
+        return np.fromiter(column, dtype=dtype, count=len(column))
+    except OverflowError:
+        raise ValueError(f"{name}: a value out of the int64 range") from None
 
 
 def _common(name: str, source_topic: str, hash_key: HashKey | None, public_keys: bool,

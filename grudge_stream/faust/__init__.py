@@ -2,18 +2,24 @@
 
 ::
 
+    import os
+
     import faust
     from grudge_stream import faust as grudge
     from grudge_stream.hashkey import HashKey
     from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
 
-    app = faust.App("shop-guard", broker="kafka://localhost:9092")
-    logins = app.topic("logins", key_type=bytes, value_type=bytes)
-    abuse = grudge.scores(app, "abuse", source=logins, hash_key=HashKey.parse(SEED),
+    app = faust.App("shop-guard", broker=f"kafka://{os.environ['BROKER']}", store="memory://",
+                    topic_partitions=4)  # the source topic's partition count
+    logins = app.topic("logins", key_type=bytes, value_type=bytes,
+                       key_serializer="raw", value_serializer="raw")
+    abuse = grudge.scores(app, "shop-guard-abuse", source=logins,
+                          hash_key=HashKey.parse(os.environ["GRUDGE_SEED"]),
                           sketch=ScoreSketchConfig(levels=4, cells_per_level=100_000,
                                                    decay=Exponential(0.01), hasher="siphash"),
                           raise_at=0.5, clear_at=0.25)
-    logins_per_user = app.Table("logins-per-user", default=int)
+    logins_per_user = app.Table("logins-per-user", default=int, key_type=bytes, value_type=int,
+                                partitions=4)
 
     @app.agent(logins)
     async def judge(stream):
@@ -21,7 +27,13 @@
             abuse.update(event.key, 0.04 if event.value == b"bad" else -0.001)
             logins_per_user[event.key] += 1
 
-Each state is bound to one source topic and split like it: one sketch per partition,
+    if __name__ == "__main__":
+        app.main()
+
+The state uses the app's broker and ``broker_credentials`` unless it is given
+``bootstrap_servers`` / ``client_config``. The source topic must exist first
+(``grudge-stream create-topic logins --partitions 4``), and the app's Tables must have
+its partition count. Each state is bound to one source topic and split like it: one sketch per partition,
 restored from its snapshot topic when the partition is assigned (before any of its
 records reach an agent), snapshotted every ``checkpoint_interval_s``, on revocation
 and at shutdown. The app's commits of that topic never pass a state's newest durable

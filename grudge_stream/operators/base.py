@@ -378,6 +378,22 @@ class Operator(abc.ABC):
             return []
         return self._pipeline(Columns(topic, partition, (offsets, timestamps, keys, values)), processing_ms)
 
+    def process_values(self, offsets: list, timestamps: list, ts: np.ndarray, keys: list, values: np.ndarray,
+                       processing_ms: int | None = None) -> list[OutputRecord] | None:
+        """Events its caller decoded and checked itself (embedded state's batch form,
+        ``grudge_stream.state``), one partition's, in offset order: ``values`` (float64) and
+        ``ts`` (int64, the ``timestamps`` list as an array) as ``process_columns`` would have
+        decoded them from payloads, and from there the same column pipeline. None (nothing
+        changed) for an operator that does not apply events by columns: apply them one by one."""
+        if self._traits is None:
+            self._traits = (self._columns_pay(), type(self).validate_event is not Operator.validate_event)
+        if not self._traits[0] or not self.codec.numeric_values:
+            return None
+        if not offsets:
+            return []
+        batch = Columns(self.source_topic, self.partition, (offsets, timestamps, keys, [None] * len(offsets)))
+        return self._columnar(batch, self._limits(processing_ms), decoded=(values, ts))
+
     def _pipeline(self, batch: Columns, processing_ms: int | None) -> list[OutputRecord]:
         """The operator pipeline, per (non-empty) batch: records below ``next_offset`` skipped; the rest
         decoded as a column (numeric payload codecs: one Cython pass over cached payloads)
@@ -423,8 +439,10 @@ class Operator(abc.ABC):
             self._admit(ev, rec, limits, out)
         return out
 
-    def _columnar(self, batch: Columns, limits: tuple[int | None, int | None]) -> list[OutputRecord] | None:
-        """The column path of ``_pipeline``; None (nothing changed) for a batch with a tick."""
+    def _columnar(self, batch: Columns, limits: tuple[int | None, int | None],
+                  decoded: tuple[np.ndarray, np.ndarray] | None = None) -> list[OutputRecord] | None:
+        """The column path of ``_pipeline``; None (nothing changed) for a batch with a tick.
+        ``decoded``: the values and times of events already decoded (``process_values``)."""
         offsets, timestamps, keys, values = batch.columns()
         n_all = len(offsets)
         start = 0 if self.next_offset is None else bisect_left(offsets, self.next_offset)
@@ -435,7 +453,11 @@ class Operator(abc.ABC):
         numeric = codec.numeric_values
         ev_keys: list | None
         vals: Any
-        if numeric and codec.value_only:
+        if decoded is not None:
+            idx = np.arange(start, n_all, dtype=np.int64)
+            vals, ts = decoded[0][start:], decoded[1][start:]
+            ev_keys, bad = None, []
+        elif numeric and codec.value_only:
             idx, vals, ts, bad = _ingest.decode_column(
                 keys, values, timestamps, start, codec._cache, codec.decode_value_or_reason,
                 codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, codec.allow_empty_keys)

@@ -31,6 +31,7 @@ from grudge_stream.operators.codec import Event, EventCodec
 from grudge_stream.operators.columns import Run
 from grudge_stream.operators.describe import score_detail, split_score_detail
 from grudge_stream.operators.records import OutputRecord, ScoreUpdate, Source, SourceRecord, output_id
+from grudge_stream.record_checks import MAX_TIMESTAMP_MS
 from grudge_stream.operators.saturation import score_saturation
 from grudge_stream.operators.sketchconf import (
     build_score_sketch,
@@ -42,6 +43,7 @@ from grudge_stream.operators.stateful import SketchAlertOperator
 from grudge_stream.sketches.score_config import Exponential, Linear, ScoreSketchConfig
 
 EMIT_MODES = ("none", "crossings", "every")
+_NO_OUTPUTS: list[OutputRecord] = []  # shared, never appended to
 SCORE_MODES = ("single", "split")
 
 
@@ -110,6 +112,45 @@ class FeedbackScoreOperator(SketchAlertOperator):
         if self.emit_scores == "every" or (self.emit_scores == "crossings" and state is not None):
             out.append(OutputRecord("scores", ev.key, _score_record(
                 self.operator_id, ev.key, score, now_ms, rec, state)))
+
+    def update_in_order(self, key: bytes, delta: float, offset: int, ts: int) -> list[OutputRecord] | None:
+        """``apply_event`` for the common event of a per-event caller (embedded state's
+        ``update``), in fewer steps: a key of a valid length, a finite float delta, an event
+        time at or past the watermark and inside the future bound, no timer due, a new
+        offset. Identical to ``apply_event`` for it (``result`` is the new score); None for
+        any other event, which ``apply_event`` then takes."""
+        if not key or (self.codec.max_key_bytes and len(key) > self.codec.max_key_bytes):
+            return None
+        wm, nxt = self.watermark, self.next_offset
+        if (wm is None or ts < wm or delta - delta != 0.0 or ts > MAX_TIMESTAMP_MS
+                or (nxt is not None and offset < nxt) or self.emit_scores == "every"):
+            return None  # the first event, a late one, not finite, too far, already applied
+        for due in self.timers.values():
+            if due is None or ts >= due:
+                return None
+        limit = self._future_ok
+        if limit is None or ts > limit:
+            # The future bound only grows with the wall clock: one read of it covers every
+            # event up to it, and the ones past it ask again (or take apply_event).
+            bound = self._limits(None)[0]
+            limit = self._future_ok = MAX_TIMESTAMP_MS if bound is None else bound
+            if ts > limit:
+                return None
+        self.next_offset = offset + 1
+        self.watermark = ts
+        self.counters["events"] += 1
+        score = self.result = self.sketch.update_and_query(key, delta, now_ms=ts)
+        state, override = self._judge(key, score, ts)
+        if state is None:
+            return _NO_OUTPUTS
+        out: list[OutputRecord] = []
+        rec = SourceRecord(self.source_topic, self.partition, offset, ts, key, None)
+        self._alert(key, state, score, ts, rec, out, override)
+        if self.emit_scores == "crossings":
+            out.append(OutputRecord("scores", key, _score_record(self.operator_id, key, score, ts, rec, state)))
+        return out
+
+    _future_ok: int | None = None
 
     # -- the column path ---------------------------------------------------------------------
 

@@ -35,19 +35,23 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+import warnings
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import faust
+from confluent_kafka import KafkaException
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.exceptions import AlreadyConfiguredWarning
 from faust.types import TP
 from faust.web import View
 
 from grudge_stream._cyext._ingest import group_records
-from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError, WorkerFault
+from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError, GrudgeError, WorkerFault
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.runtime.core import WorkerCore
@@ -758,7 +762,9 @@ class FaustStates:
         self.stopping = False
         self.consumer: Any = None
         self.revoked_acks: dict[TP, list[int]] = {}
+        self.fatal: str | None = None
         _install_consumer(app)
+        _install_worker_exit_status(app, self)
         _keep_queued_events_on_resume(app.flow_control)
         app.on_partitions_revoked.connect(self.on_revoked)
         app.on_before_shutdown.connect(self.on_shutdown)
@@ -787,6 +793,7 @@ class FaustStates:
             raise RuntimeError(f"attach state {state.name!r} before the app starts")
         state.current_position = lambda: _current_position(state)
         state.restore_on_demand = lambda p: self.restore_now(state, p)
+        state.app_connection = lambda: _app_connection(self.app)
         self.states[state.name] = state
         self.topics.add(state.source_topic)
 
@@ -811,9 +818,15 @@ class FaustStates:
     async def on_positioned(self, consumer) -> None:
         """Every assigned source partition restored before a record of it flows."""
         self.consumer = consumer
+        if self.fatal is not None:
+            return
         if not self.started:
             for state in self.states.values():
-                await self._run(state.start)
+                try:
+                    await self._run(state.start)
+                except (GrudgeError, KafkaException) as exc:
+                    self.stop_fatally(state, exc)
+                    return
             self.started = True
         assignment = consumer.assignment()
         for state in self.states.values():
@@ -831,16 +844,31 @@ class FaustStates:
                                 "%d..%d were not applied to the state", state.name, state.source_topic,
                                 p, committed, start, start, committed - 1)
 
+    def stop_fatally(self, state, exc: BaseException) -> None:
+        """A state that cannot start (its cluster does not answer, a login fails, a topic
+        cannot be made): one line, no record reaches an agent, and the app stops (SIGTERM to
+        itself); its worker exits with status 2."""
+        if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
+            exc = ConfigError(f"Kafka: {' '.join(exc.args[0].str().split())}")
+        self.fatal = f"state {state.name!r} cannot start: {exc}"
+        log.error("%s", self.fatal)
+        self.app.flow_control.suspend()
+        os.kill(os.getpid(), signal.SIGTERM)
+
     def restore_now(self, state, partition: int) -> None:
         """An event of an assigned partition reached an agent before the rebalance hook
         restored it (Faust can let the first fetch of a worker through before it positions
         the partitions): restore it now, on the loop. Never for a partition the consumer
         does not hold."""
         consumer = self.consumer if self.consumer is not None else self.app.consumer
-        if TP(state.source_topic, partition) not in consumer.assignment():
+        if self.fatal is not None or TP(state.source_topic, partition) not in consumer.assignment():
             return
         log.info("state %s: %s[%d] restored on first use", state.name, state.source_topic, partition)
-        state.start()
+        try:
+            state.start()
+        except (GrudgeError, KafkaException) as exc:
+            self.stop_fatally(state, exc)
+            return
         state.assign([partition])
 
     def _positions(self, state, partitions=None) -> dict[int, int]:
@@ -986,6 +1014,40 @@ def _keep_queued_events_on_resume(flow_control: Any) -> None:
 
     flow_control.resume = resume
     flow_control.grudge_keeps_queues = True
+
+
+def _app_connection(app: faust.App) -> tuple[str, dict[str, Any], str | None]:
+    """The app's own cluster for its states' confluent-kafka clients (read when a state
+    starts, so ``faust worker --broker`` and a conf changed after the app was made count)."""
+    from grudge_stream.kafkaconf import faust_bootstrap, faust_client_properties
+
+    props, unmapped = faust_client_properties(app)
+    return faust_bootstrap(app), props, unmapped
+
+
+def _install_worker_exit_status(app: faust.App, states: "FaustStates") -> None:
+    """The app's worker class (``app.conf.Worker``, what ``app.main()`` and ``faust worker``
+    run) exits with status 2 when a state stopped the app (``FaustStates.stop_fatally``),
+    as a worker of grudge-stream's own does for a configuration it cannot work with."""
+    base = app.conf.Worker
+    if getattr(base, "grudge_exit_status", False):
+        return
+
+    def execute_from_commandline(self):  # type: ignore[no-untyped-def]
+        try:
+            base.execute_from_commandline(self)
+        except SystemExit:
+            if states.fatal is None:
+                raise
+        print(f"{app.conf.id}: {states.fatal}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+    worker = type(base.__name__, (base,), {"grudge_exit_status": True,
+                                           "execute_from_commandline": execute_from_commandline,
+                                           "__module__": base.__module__})
+    with warnings.catch_warnings():  # read above, not yet used: nothing holds the old class
+        warnings.simplefilter("ignore", AlreadyConfiguredWarning)
+        app.conf.Worker = worker
 
 
 def _install_consumer(app: faust.App) -> None:

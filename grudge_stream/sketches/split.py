@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from grudge_stream import envelope
-from grudge_stream._cyext._score import ScoreSketch, split_apply, split_peek
+from grudge_stream._cyext._score import ScoreSketch, split_apply, split_apply_one, split_peek
 from grudge_stream.exceptions import ConfigError, SnapshotError
 
 __all__ = ["SplitScoreSketch"]
@@ -138,7 +138,7 @@ class SplitScoreSketch:
         split_apply(self.pos, self.neg, keys, deltas, now_ms, self.lo, self.hi, False)
 
     def update_and_query(self, key: Any, delta: float, now_ms: int | None = None) -> float:
-        return float(self.update_and_query_many([key], delta, now_ms)[0])
+        return split_apply_one(self.pos, self.neg, key, delta, now_ms, self.lo, self.hi)
 
     def update(self, key: Any, delta: float, now_ms: int | None = None) -> None:
         split_apply(self.pos, self.neg, [key], delta, now_ms, self.lo, self.hi, False)

@@ -528,6 +528,7 @@ class EmbeddedScenario:
         store = CheckpointStore(self.bootstrap, self.state.snapshot_topic)
         divergent_state: list[int] = []
         history: dict[int, list[str]] = {}
+        ref_raised: set[bytes] = set()
         for p in range(self.PARTITIONS):
             op = self.state.topology.make_operator(p)
             for m in sorted(records[p], key=lambda m: m.offset()):
@@ -541,6 +542,7 @@ class EmbeddedScenario:
                     if o.role == "alerts":
                         ref_alerts[json.loads(o.value)["alert_id"]] = o.value
             op.next_offset = max(m.offset() for m in records[p]) + 1
+            ref_raised.update(op.latch.keys())
             got = self.state.topology.make_operator(p)
             res = store.restore(self.state.operator_id, p, accept=lambda ref, blob: None)
             assert res.blob is not None, f"no snapshot of partition {p}"
@@ -565,9 +567,19 @@ class EmbeddedScenario:
             excess = sum(max(0, table.get(k, 0) - n) for k, n in truth.items())
         return {"alerts": len(ref_alerts), "lost": lost, "extra": extra, "differing": differing,
                 "divergent_state": divergent_state, "history": history, "dropped": dropped,
-                "table_excess": excess,
+                "table_excess": excess, "ref_raised": ref_raised,
                 "committed": self.committed(), "ends": self.end_offsets(self.source),
                 "raised": sum(1 for v in ref_alerts.values() if b'"raised"' in v)}
+
+    def view_raised(self) -> set[bytes]:
+        """The state's ban list as a subscriber sees it: ``AlertView.for_state`` on its topics."""
+        from grudge_stream.client import AlertView
+
+        view = AlertView.for_state(self.state, bootstrap_servers=self.bootstrap).start(timeout_s=60)
+        try:
+            return set(view.raised())
+        finally:
+            view.stop()
 
     def snapshot_history(self, p: int, records: list) -> list[str]:
         """Every snapshot of partition ``p`` still in the snapshot topic, oldest first, each

@@ -45,8 +45,12 @@ def test_own_loop_kill9_and_restart(scenario):
     scenario.wait_done()
     assert loop.stop() == 0, loop.log()[-3000:]
     res = scenario.check()
-    print(f"own loop kill -9: {res['alerts']} alerts, 0 lost, 0 divergent")
+    print(f"own loop kill -9: {res['alerts']} alerts, 0 lost, 0 divergent, "
+          f"{len(res['ref_raised'])} keys raised at the end")
     assert_exact(res)
+    # The ban list a subscriber reads (the state's <alerts>-state topic) is the restarted
+    # state's raised set: that of the uninterrupted replay.
+    assert scenario.view_raised() == res["ref_raised"], (sorted(scenario.view_raised()), sorted(res["ref_raised"]))
 
 
 def test_own_loop_two_members_rebalance(scenario):
@@ -175,3 +179,68 @@ def _values(bootstrap: str, topic: str) -> list[bytes]:
         return out
     finally:
         c.close()
+
+
+def test_ban_list_of_an_embedded_state_by_its_name(kafka_bootstrap, make_topic):
+    """``grudge-stream alerts --state`` and ``AlertView.for_state`` show the state's raised set;
+    ``grudge-stream override --state NAME deny KEY`` raises the key in the view at once and in
+    the state (``overrides=True``) at its next event, with an alert."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from grudge_stream.client import AlertView
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+    from grudge_stream.state import ScoreState
+
+    topic = make_topic(1)
+    name = f"{topic}-abuse"
+    cli = [str(Path(sys.executable).with_name("grudge-stream"))]
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS" and not k.startswith("GRUDGE_")}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*cli, *args, "--bootstrap-servers", kafka_bootstrap], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    state = ScoreState(name, source_topic=topic, bootstrap_servers=kafka_bootstrap, overrides=True,
+                       hash_key=HashKey.parse("00112233445566778899aabbccddeeff"),
+                       sketch=ScoreSketchConfig(levels=2, cells_per_level=500, decay=Exponential(0.01),
+                                                lo=0.0, hi=1.0, hasher="siphash"),
+                       raise_at=0.5, clear_at=0.25).start()
+    try:
+        state.assign([0])
+        now = int(time.time() * 1000)
+        for i in range(20):
+            state.update(b"eve", 0.05, partition=0, offset=i, timestamp_ms=now + i)
+        state.checkpoint()
+        assert state.raised(b"eve", 0)
+        shown = run("alerts", "--state", name)
+        assert shown.returncode == 0, shown.stderr
+        assert [ln.split()[:2] for ln in shown.stdout.splitlines()] == [["raised", "eve"]], shown.stdout
+
+        denied = run("override", "--state", name, "deny", "mallory", "--reason", "test")
+        assert denied.returncode == 0, denied.stderr
+        assert f"{name}-alerts-overrides" in denied.stdout
+        with AlertView.for_state(state) as view:
+            assert set(view.raised()) == {b"eve", b"mallory"}  # the view applies the entry at once
+            assert view.get("mallory").reason == "override:deny"
+        deadline = time.monotonic() + 20
+        while state.operator(0).overrides is None or not len(state.operator(0).overrides):
+            assert time.monotonic() < deadline, "the state did not follow the override"
+            time.sleep(0.1)
+        # An entry is in force from when it was written, on the event-time clock.
+        state.update(b"mallory", 0.0, partition=0, offset=20, timestamp_ms=int(time.time() * 1000))
+        assert state.raised(b"mallory", 0)
+        state.checkpoint()
+        alerts = [json.loads(v) for v in _values(kafka_bootstrap, state.outputs["alerts"])]
+        assert [(a["key"], a["state"], a.get("override")) for a in alerts] == [
+            ("eve", "raised", None), ("mallory", "raised", "deny")]
+        # By name, from anywhere: the same raised set as the state's.
+        with AlertView.for_state(name, bootstrap_servers=kafka_bootstrap) as view:
+            assert set(view.raised()) == set(state.operator(0).latch.keys()) == {b"eve", b"mallory"}
+        assert run("override", "--state", name, "clear", "mallory").returncode == 0
+    finally:
+        state.close(snapshot=False)

@@ -380,3 +380,61 @@ def test_librdkafka_log_lines_are_rate_limited() -> None:
     assert not f.filter(rec("FAIL [rdkafka#producer-7] sasl_ssl://h:9093/1: SASL authentication error (after 9ms)"))
     assert f.filter(rec("FAIL [rdkafka#consumer-1] something else"))
 
+
+
+# -- a Faust app's own connection, for its embedded states ---------------------------------------------
+
+
+def test_a_faust_apps_broker_list_becomes_bootstrap_servers() -> None:
+    import faust
+
+    app = faust.App("kc-brokers", broker="kafka://k1:19092;kafka://k2;kafka://10.0.0.3:29092")
+    assert kafkaconf.faust_bootstrap(app) == "k1:19092,k2:9092,10.0.0.3:29092"
+    assert kafkaconf.faust_client_properties(app) == ({}, None)
+    with pytest.raises(ConfigError, match="not a Kafka one"):
+        kafkaconf.faust_bootstrap(faust.App("kc-memory", broker="memory://"))
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_a_faust_apps_sasl_credentials_carry_over(mechanism) -> None:
+    import faust
+
+    app = faust.App("kc-sasl", broker="kafka://k1:9093", broker_credentials=faust.SASLCredentials(
+        username="svc", password="pw", mechanism=mechanism))
+    props, unmapped = kafkaconf.faust_client_properties(app)
+    assert props == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": mechanism,
+                     "sasl.username": "svc", "sasl.password": "pw"}
+    assert unmapped is None
+
+
+def test_a_faust_apps_ssl_context_gives_its_ca_and_verification_not_its_client_certificate(tmp_path) -> None:
+    import ssl
+
+    import faust
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    app = faust.App("kc-ssl", broker="kafka://k1:9093", broker_credentials=faust.SASLCredentials(
+        username="svc", password="pw", mechanism="SCRAM-SHA-512", ssl_context=ctx))
+    props, unmapped = kafkaconf.faust_client_properties(app)
+    assert props["security.protocol"] == "SASL_SSL"
+    assert props["enable.ssl.certificate.verification"] == "false"
+    assert props["ssl.endpoint.identification.algorithm"] == "none"
+    assert "client certificate" in unmapped
+    ssl_only = faust.App("kc-ssl2", broker="kafka://k1:9093", broker_credentials=ssl.create_default_context())
+    props, _ = kafkaconf.faust_client_properties(ssl_only)
+    assert props["security.protocol"] == "SSL" and props["ssl.endpoint.identification.algorithm"] == "https"
+
+
+def test_a_faust_apps_oauth_provider_is_refused_in_one_line() -> None:
+    import faust
+    from aiokafka.abc import AbstractTokenProvider
+
+    class Tokens(AbstractTokenProvider):
+        async def token(self) -> str:
+            return "t"
+
+    app = faust.App("kc-oauth", broker="kafka://k1:9093", broker_credentials=faust.OAuthCredentials(oauth_cb=Tokens()))
+    with pytest.raises(ConfigError, match="OAuthCredentials"):
+        kafkaconf.faust_client_properties(app)

@@ -154,6 +154,99 @@ def test_per_event_application_equals_the_record_path():
     assert [o.value for o in s.core.published] == [o.value for o in out]
 
 
+def _traffic(n=4000, partitions=2):
+    """(key, delta, partition, offset, timestamp) in an order a consumer hands them: the
+    partitions interleaved, each in offset order, some events late, an abuser raised."""
+    t, offsets, out = 1_000_000, [0] * partitions, []
+    for i in range(n):
+        t += i % 7
+        key = f"user-{i % 37}".encode() if i % 5 else b"eve"
+        p = (i // 3) % partitions
+        delta = 0.05 if key == b"eve" or i % 11 == 0 else -0.001
+        out.append((key, delta, p, offsets[p], t if i % 13 else t - 500))
+        offsets[p] += 1
+    return out
+
+
+@pytest.mark.parametrize("score_mode", ["split", "single"])
+def test_the_batch_form_equals_the_per_event_calls_and_the_record_path(score_mode):
+    events = _traffic()
+    one, batch = started(score_state(score_mode=score_mode)), started(score_state(score_mode=score_mode))
+    for key, delta, p, o, t in events:
+        one.update(key, delta, partition=p, offset=o, timestamp_ms=t)
+    applied = 0
+    for a in range(0, len(events), 500):  # a loop's consume() batches
+        ks, ds, ps, os_, ts = zip(*events[a:a + 500])
+        applied += batch.update_many(list(ks), list(ds), partitions=list(ps), offsets=list(os_), timestamps_ms=list(ts))
+    assert applied == sum(one.operator(p).counters["events"] for p in (0, 1))
+    ref_out = []
+    for p in (0, 1):
+        ref = one.topology.make_operator(p)
+        ref_out += ref.process([SourceRecord("logins", p, o, t, k, json.dumps({"delta": d}).encode())
+                                for k, d, q, o, t in events if q == p])
+        assert batch.operator(p).snapshot() == one.operator(p).snapshot() == ref.snapshot()
+    values = sorted(o.value or b"" for o in ref_out)
+    assert sorted(o.value or b"" for o in batch.core.published) == values
+    assert sorted(o.value or b"" for o in one.core.published) == values
+    assert any(o.role == "alerts" for o in batch.core.published)
+    # Again: every event below the partitions' positions now, so nothing is applied twice.
+    ks, ds, ps, os_, ts = zip(*events[:500])
+    assert batch.update_many(list(ks), list(ds), partitions=list(ps), offsets=list(os_), timestamps_ms=list(ts)) == 0
+
+
+def test_the_batch_form_refuses_bad_columns_and_changes_nothing():
+    s = started(score_state())
+    s.update_many([b"k"], [0.1], partitions=[0], offsets=[0], timestamps_ms=[1000])
+    before = {p: s.operator(p).snapshot() for p in (0, 1)}
+    good = dict(partitions=[0, 1], offsets=[1, 1], timestamps_ms=[2000, 2000])
+    for keys, deltas, kw, exc, match in [
+        ([b"k", 5], [0.1, 0.1], good, TypeError, "key"),
+        ([b"k", b"j"], [0.1, math.inf], good, ValueError, r"values\[1\] is not finite"),
+        ([b"k", b"j"], [0.1, "x"], good, TypeError, "values must be a column of numbers"),
+        ([b"k", b"j"], [True, False], good, TypeError, "numbers"),
+        ([b"k", b""], [0.1, 0.1], good, ValueError, r"keys\[1\]: empty key"),
+        ([b"k"], [0.1, 0.1], good, ValueError, "as long as"),
+        ([b"k", b"j"], [0.1, 0.1], dict(good, partitions=[0, 3]), StateNotReady, "partition 3"),
+        ([b"k", b"j"], [0.1, 0.1], dict(good, partitions=[0, 0], offsets=[2, 2]), ValueError, "must increase"),
+        ([b"k", b"j"], [0.1, 0.1], dict(good, timestamps_ms=[2000, -1]), ValueError, r"timestamps_ms\[1\]"),
+        ([b"k", b"j"], [0.1, 0.1], dict(good, offsets=[1.0, 2.0]), TypeError, "offsets must be a column of ints"),
+    ]:
+        with pytest.raises(exc, match=match):
+            s.update_many(keys, deltas, **kw)
+    assert {p: s.operator(p).snapshot() for p in (0, 1)} == before
+    assert s.operator(0).next_offset == 1 and s.operator(1).next_offset is None
+
+
+def test_the_batch_form_over_messages():
+    class Message:
+        def __init__(self, topic, key, p, o, t):
+            self._v = (topic, key, p, o, t)
+
+        def topic(self):
+            return self._v[0]
+
+        def key(self):
+            return self._v[1]
+
+        def partition(self):
+            return self._v[2]
+
+        def offset(self):
+            return self._v[3]
+
+        def timestamp(self):
+            return (1, self._v[4])
+
+    events = _traffic(600)
+    a, b = started(score_state()), started(score_state())
+    a.update_messages([Message("logins", k, p, o, t) for k, _d, p, o, t in events], [e[1] for e in events])
+    b.update_many([e[0] for e in events], [e[1] for e in events], partitions=[e[2] for e in events],
+                  offsets=[e[3] for e in events], timestamps_ms=[e[4] for e in events])
+    assert all(a.operator(p).snapshot() == b.operator(p).snapshot() for p in (0, 1))
+    with pytest.raises(ValueError, match="other topics"):
+        a.update_messages([Message("other", b"k", 0, 10_000, 1)], [0.1])
+
+
 def test_a_hash_key_needs_the_siphash_hasher():
     with pytest.raises(ConfigError, match="siphash"):
         HeavyHitterState("hh", source_topic="t", hash_key=KEY, raise_at=50, clear_at=10,
