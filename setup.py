@@ -34,6 +34,8 @@ extensions = [
         include_dirs=["cyext", numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=cflags,
+        # _native resolves librdkafka at run time (dlopen): no link-time dependency on it.
+        libraries=["dl"] if pyx.endswith("_native.pyx") else [],
     )
     for pyx in sorted(glob.glob("cyext/_*.pyx"))
 ]

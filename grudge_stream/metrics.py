@@ -57,6 +57,8 @@ class Metrics:
         self.consumers_renewed = Counter("grudge_consumers_renewed_total", "Source consumers replaced in "
                                          "place after a fatal error (the partitions held went back to "
                                          "their snapshots)", registry=r)
+        self.ingest_native = Gauge("grudge_ingest_native", "Batch runtime: 1 when records are read on the "
+                                   "native ingest path (setting ingest), 0 on confluent-kafka messages", registry=r)
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)
         self.outputs = Counter("grudge_outputs_total", "Output records published", ["operator", "role"], registry=r)
         self.snapshot_bytes = Gauge("grudge_snapshot_bytes", "Size of the last snapshot", lbl, registry=r)

@@ -58,6 +58,7 @@ from grudge_stream.serving.http import WorkerHTTP
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
+from grudge_stream.runtime.native import open_reader
 from grudge_stream.settings import setting
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
@@ -112,6 +113,9 @@ class BatchWorker(WorkerCore):
         # load batches fill at once; on a quiet topic this bounds the latency it adds (with
         # a 200 ms wait alerts took p50 150 ms at 3,000 events/s, with 10 ms p50 ~40 ms).
         self.batch_max_wait_ms = setting(settings, "batch_max_wait_ms")
+        # How records are read (grudge_stream.runtime.native): the reader, None on today's path.
+        self.ingest = setting(settings, "ingest")
+        self.native = None
         if self.batch_size < 1 or self.batch_max_wait_ms < 1:
             raise ConfigError("batch_size and batch_max_wait_ms must be at least 1")
         self.stopping = threading.Event()
@@ -143,6 +147,7 @@ class BatchWorker(WorkerCore):
         self._consumer_conf = conf
         self.consumer = Consumer(conf)
         self._consumer_renewals: list[float] = []
+        self._open_native()
         if self.exactly_once:
             self.transaction = Transaction(self.producer, self.consumer.consumer_group_metadata)
         self._http: ThreadingHTTPServer | None = None
@@ -198,6 +203,8 @@ class BatchWorker(WorkerCore):
         for tp in partitions:
             if tp.topic == self.topic:
                 tp.offset = self._restore_slot(tp.partition, committed.get(tp.partition))
+        if self.native is not None:  # before the assignment: their records then stay off the consumer queue
+            self.native.split(ours)
         if self.cooperative:
             consumer.incremental_assign(partitions)  # added to what it already holds
         else:
@@ -250,6 +257,8 @@ class BatchWorker(WorkerCore):
             consumer.incremental_unassign(partitions)
         else:
             consumer.unassign()
+        if self.native is not None:
+            self.native.release(revoked)
         self.record_assignment()
 
     # -- main loop -------------------------------------------------------------------------------
@@ -270,7 +279,7 @@ class BatchWorker(WorkerCore):
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
         loop = ConsumeLoop(self.consumer, self.topic, batch_size=self.batch_size,
                            wait_s=self.batch_max_wait_ms / 1000.0, shape=RECORDS if self.needs_headers else COLUMNS,
-                           on_error=self._consume_error, beat=self._beat)
+                           on_error=self._consume_error, beat=self._beat, native=self.native)
         clean = False
         try:
             while True:
@@ -279,7 +288,7 @@ class BatchWorker(WorkerCore):
                     break
                 except ConsumerFatal as exc:
                     self._replace_consumer(exc)
-                    loop.consumer = self.consumer
+                    loop.consumer, loop.native = self.consumer, self.native
             log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
             try:
                 with self.shutdown_progress("final snapshots"):
@@ -294,6 +303,7 @@ class BatchWorker(WorkerCore):
             if not clean:
                 self.no_more_snapshots = True
             self.stopping.set()
+            self._close_native()  # its handles go before the consumer they belong to
             self.consumer.close()
             if self.members is not None:
                 self.members.close(clean=clean)
@@ -372,7 +382,9 @@ class BatchWorker(WorkerCore):
         self.in_group = False
         self.record_assignment()
         old = self.consumer
+        self._close_native()
         self.consumer = Consumer(self._consumer_conf)
+        self._open_native()
         if txn is not None:
             txn.group_metadata = self.consumer.consumer_group_metadata
         closer = threading.Thread(target=_close_quietly, args=(old,), name="grudge-consumer-close", daemon=True)
@@ -380,6 +392,25 @@ class BatchWorker(WorkerCore):
         closer.join(CONSUMER_CLOSE_LIMIT_S)
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
         self.metrics.consumers_renewed.inc()
+
+    # -- the ingest path (grudge_stream.runtime.native) ----------------------------------------------
+
+    def _open_native(self) -> None:
+        """The native reader of ``self.consumer`` as the ``ingest`` setting asks (None: today's
+        path); said once per worker, not per renewed consumer."""
+        self.native = open_reader(self.ingest, self.consumer, self.topic, self.batch_size,
+                                  columns=not self.needs_headers, quiet=self._ingest_said)
+        self._ingest_said = True
+        self.metrics.ingest_native.set(1 if self.native is not None else 0)
+
+    def _close_native(self) -> None:
+        if self.native is not None:
+            self.native.close()
+
+    def ready_status(self) -> tuple[int, dict]:
+        status, body = super().ready_status()
+        body["ingest"] = "native" if self.native is not None else "python"
+        return status, body
 
     def _log_end(self, p: int) -> int:
         """The log end offset librdkafka learned with its fetches."""
@@ -538,6 +569,7 @@ class BatchWorker(WorkerCore):
         self.reset_pending = True
 
     reset_pending = False
+    _ingest_said = False
     _fenced_at = float("-inf")
 
     def _renew_producer(self, exc: KafkaException | TransactionStuck, stuck: bool = False) -> None:

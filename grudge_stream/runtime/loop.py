@@ -72,6 +72,9 @@ class ConsumeLoop:
     shape: str = COLUMNS
     on_error: Callable[[KafkaError], None] = _log_error
     beat: Callable[[], None] | None = None
+    # The batch worker's native ingest (grudge_stream.runtime.native.NativeReader): its ``read``
+    # serves the consumer's callbacks and takes the records as columns, no Message per record.
+    native: Any = None
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -81,6 +84,8 @@ class ConsumeLoop:
 
     def read(self) -> Batch:
         """One consume call: the records it brought, by partition (maybe none)."""
+        if self.native is not None:
+            return self.native.read(self)
         started = time.perf_counter()
         msgs = self.consumer.consume(self.batch_size, timeout=self.wait_s)
         if not msgs:

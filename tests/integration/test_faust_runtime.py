@@ -20,6 +20,9 @@ from grudge_stream.checkpoint import CHUNK_MAGIC
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
+# The batch runtime on each ingest path (setting ingest, grudge_stream.runtime.native).
+BATCH_INGEST = [pytest.param("python", id="python-ingest"), pytest.param("native", id="native-ingest")]
+
 
 def assert_matches_reference(h, ref=None) -> None:
     ref = ref or h.reference()
@@ -81,9 +84,9 @@ def kill_nine_times(h, rnd: random.Random, kills: int = 6, **worker_settings):
     return worker, mid_write
 
 
-@pytest.mark.parametrize("runtime", ["faust", "batch"])
-def test_kill_9_at_random_points_loses_and_duplicates_nothing(harness, runtime: str) -> None:
-    h = harness(partitions=4, snapshot_chunk_bytes=16384, runtime=runtime)
+@pytest.mark.parametrize("runtime,ingest", [("faust", "python"), ("batch", "python"), ("batch", "native")])
+def test_kill_9_at_random_points_loses_and_duplicates_nothing(harness, runtime: str, ingest: str) -> None:
+    h = harness(partitions=4, snapshot_chunk_bytes=16384, runtime=runtime, ingest=ingest)
     events = h.make_events(60_000, seed=11)
     h.produce(events[:10_000])
     feeder = h.produce_in_background(events[10_000:], seconds=25)
@@ -95,8 +98,9 @@ def test_kill_9_at_random_points_loses_and_duplicates_nothing(harness, runtime: 
     assert worker.stop() == 0
 
 
-def test_exactly_once_outputs_survive_kill_9(harness) -> None:
-    h = harness(partitions=3, snapshot_chunk_bytes=16384, runtime="batch", exactly_once="true")
+@pytest.mark.parametrize("ingest", BATCH_INGEST)
+def test_exactly_once_outputs_survive_kill_9(harness, ingest: str) -> None:
+    h = harness(partitions=3, snapshot_chunk_bytes=16384, runtime="batch", exactly_once="true", ingest=ingest)
     events = h.make_events(45_000, seed=16)
     h.produce(events[:10_000])
     feeder = h.produce_in_background(events[10_000:], seconds=20)
@@ -116,13 +120,15 @@ def test_exactly_once_outputs_survive_kill_9(harness) -> None:
     assert set(seen) == expected
 
 
-@pytest.mark.parametrize("runtime,drain", [("faust", "batch"), ("faust", "agent"), ("batch", "batch"),
-                                           ("batch", "cooperative-sticky")])
-def test_two_workers_rebalance_to_the_same_state(harness, runtime: str, drain: str) -> None:
+@pytest.mark.parametrize("runtime,drain,ingest", [("faust", "batch", "python"), ("faust", "agent", "python"),
+                                                  ("batch", "batch", "python"), ("batch", "batch", "native"),
+                                                  ("batch", "cooperative-sticky", "python"),
+                                                  ("batch", "cooperative-sticky", "native")])
+def test_two_workers_rebalance_to_the_same_state(harness, runtime: str, drain: str, ingest: str) -> None:
     if drain == "cooperative-sticky":  # incremental rebalances: only the moving partitions stop
-        h = harness(partitions=4, runtime=runtime, **{"kafka.partition.assignment.strategy": drain})
+        h = harness(partitions=4, runtime=runtime, ingest=ingest, **{"kafka.partition.assignment.strategy": drain})
     else:
-        h = harness(partitions=4, drain=drain, runtime=runtime)
+        h = harness(partitions=4, drain=drain, runtime=runtime, ingest=ingest)
     events = h.make_events(50_000, seed=12)
     feeder = h.produce_in_background(events, seconds=20)
     a = h.start_worker()

@@ -59,13 +59,14 @@ def intrude(bootstrap: str, group: str, instance_id: str, topic: str, seconds: f
     return errors
 
 
+@pytest.mark.parametrize("ingest", ["python", "native"], ids=["python-ingest", "native-ingest"])
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
-def test_batch_worker_replaces_a_fenced_consumer(harness, exactly_once: bool) -> None:
+def test_batch_worker_replaces_a_fenced_consumer(harness, exactly_once: bool, ingest: str) -> None:
     h = harness(partitions=2, session_timeout_s=10, heartbeat_interval_s=1, commit_interval_s=1,
                 exactly_once=str(exactly_once).lower())
     first = h.make_events(3000, seed=11)
     h.produce(first)
-    w = h.start_worker(runtime="batch", group_instance_id="w0")
+    w = h.start_worker(runtime="batch", group_instance_id="w0", ingest=ingest)
     w.wait_ready()
     h.wait_caught_up()
     assert http(w.web_port, "/live")[0] == 200

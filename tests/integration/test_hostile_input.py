@@ -20,7 +20,15 @@ from grudge_stream.operators.records import SourceRecord
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-RUNTIMES = ["faust", "batch"]
+# The batch runtime on each ingest path (setting ingest): "batch" reads confluent-kafka messages,
+# "batch-native" the native path (grudge_stream.runtime.native).
+RUNTIMES = ["faust", "batch", "batch-native"]
+
+
+def worker_settings(runtime: str) -> dict[str, str]:
+    if runtime == "batch-native":
+        return {"runtime": "batch", "ingest": "native"}
+    return {"runtime": runtime, "ingest": "python"}
 BAD, GOOD = b'{"outcome":"bad"}', b'{"outcome":"good"}'
 
 
@@ -134,7 +142,7 @@ def test_hostile_input_is_accounted_for_and_leaves_normal_alerts_unchanged(harne
     first, second = normal[:3000], normal[3000:]
     for p in (0, 1):
         produce(h, producer, interleave([r for i, r in enumerate(first) if i % 2 == p]), partition=p)
-    w1 = h.start_worker(runtime=runtime)
+    w1 = h.start_worker(**worker_settings(runtime))
     deadline = time.monotonic() + 90
     store = h.store()
     while True:  # until some snapshot was written, then kill -9 in the middle of the run
@@ -148,7 +156,7 @@ def test_hostile_input_is_accounted_for_and_leaves_normal_alerts_unchanged(harne
     w1.kill9()
     for p in (0, 1):
         produce(h, producer, interleave([r for i, r in enumerate(second) if i % 2 == p]), partition=p)
-    w2 = h.start_worker(runtime=runtime)
+    w2 = h.start_worker(**worker_settings(runtime))
     h.wait_caught_up(timeout=180)
     assert_alive(h)
     assert w2.stop() == 0, w2.log()[-3000:]
@@ -205,7 +213,7 @@ def test_one_record_an_hour_ahead_does_not_blind_detection(harness, runtime: str
     recs.append((b"skewed-clock", GOOD, now_ms() + 59 * 60_000, None))
     recs += [(b"attacker-b", BAD, t + 3000 + 100 * i, None) for i in range(30)]
     produce(h, big_producer(h.bootstrap), recs, partition=0)
-    w = h.start_worker(runtime=runtime)
+    w = h.start_worker(**worker_settings(runtime))
     h.wait_caught_up()
     deadline = time.monotonic() + 30
     while metric(w.web_port, "grudge_future_clamped_total") < 1:
@@ -244,7 +252,7 @@ def test_outputs_too_large_for_their_topic_are_dead_lettered_not_lost(harness, r
         ConfigEntry("max.message.bytes", "200", incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([res])[res].result(30)
     h.produce(h.make_events(4000, seed=41), partition_of=lambda i, key: 0)
-    w = h.start_worker(runtime=runtime)
+    w = h.start_worker(**worker_settings(runtime))
     h.wait_caught_up()
     assert_alive(h)
     deadline = time.monotonic() + 30

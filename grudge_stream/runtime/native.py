@@ -1,0 +1,186 @@
+"""The batch worker's native ingest path (setting ``ingest``, docs/runtime.md "Ingest paths").
+
+confluent-kafka builds a Python ``Message`` per record, then ``group_messages`` takes it apart
+into columns. The native path reads the records of the worker's assigned partitions through
+librdkafka's C API instead (``grudge_stream._cyext._native``), straight into the columns
+``(offsets, timestamps, keys, values)`` the operators read: no ``Message`` per record.
+
+Everything but fetching stays with the confluent-kafka ``Consumer``: subscribe, the rebalance
+callbacks, commits, seeks, the exactly-once group metadata, close. The fetcher uses the very
+librdkafka instance of that consumer (its ``rd_kafka_t``), and the librdkafka library that
+confluent-kafka loaded (the one its wheel ships), resolved at run time: never a second copy and
+no link-time dependency. Each assigned partition's fetch queue is forwarded to a queue of the
+fetcher before the partition is assigned (librdkafka then keeps that forwarding instead of
+routing its records to the consumer queue), so the consumer queue carries only what is not a
+record: rebalances, errors, statistics. Each loop turn serves it with a non-blocking
+``consume()`` (callbacks run there as today; an error it returns goes to the worker's error
+handling as today, a fatal one to ``ConsumerFatal``), then takes up to ``batch_size`` records
+from the fetcher, waiting at most ``batch_max_wait_ms`` when none came.
+
+``ingest``: ``auto`` (the default) runs the native path where it loads and today's path with
+one info line where it does not; ``native`` refuses to start without it (exit 2); ``python``
+always runs today's path. ``/ready`` says which runs (``"ingest"``), and so does the gauge
+``grudge_ingest_native``.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from grudge_stream.exceptions import ConfigError
+
+__all__ = ["INGEST_PATHS", "NativeReader", "unavailable", "librdkafka_path", "open_reader"]
+
+log = logging.getLogger("grudge_stream.runtime")
+
+INGEST_PATHS = ("auto", "native", "python")
+
+_reason: list[str | None] = []  # the cached answer of unavailable()
+
+
+def librdkafka_path() -> str | None:
+    """The file of the librdkafka confluent-kafka loaded into this process (the copy its wheel
+    ships in ``confluent_kafka.libs``, or a system one for a build from source)."""
+    import confluent_kafka.cimpl  # noqa: F401 - loads librdkafka
+
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith("librdkafka") and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    import confluent_kafka
+
+    base = os.path.dirname(os.path.dirname(confluent_kafka.__file__))
+    found = sorted(glob.glob(os.path.join(base, "confluent_kafka.libs", "librdkafka*.so*")))
+    return found[0] if found else None
+
+
+def unavailable() -> str | None:
+    """None where the native path can run here, else why not (one line)."""
+    if _reason:
+        return _reason[0]
+    _reason.append(_check())
+    return _reason[0]
+
+
+def _check() -> str | None:
+    try:
+        from grudge_stream._cyext import _native
+    except ImportError as exc:
+        return f"the native ingest module is not built ({exc})"
+    if _native.loaded():
+        return None
+    try:
+        path = librdkafka_path()
+    except ImportError as exc:
+        return f"confluent-kafka's module does not load ({exc})"
+    if path is None:
+        return "confluent-kafka's librdkafka was not found in this process"
+    why = _native.load(path)
+    if why is not None:
+        return why
+    import confluent_kafka
+
+    ours, theirs = _native.version(), confluent_kafka.libversion()[1]
+    if ours != theirs:
+        return f"librdkafka at {path} is {ours:#x}, confluent-kafka runs {theirs:#x}"
+    return None
+
+
+class NativeReader:
+    """A consumer's records through the native fetcher, one batch per ``read``: the
+    ``ConsumeLoop`` hook (``ConsumeLoop.native``)."""
+
+    def __init__(self, consumer: Any, topic: str, batch_size: int) -> None:
+        from grudge_stream._cyext._native import PARTITION_EOF, PartitionFetch
+
+        self.consumer = consumer
+        self._eof = PARTITION_EOF
+        self.fetch = PartitionFetch(consumer, topic, batch_size)
+
+    # -- the rebalance hooks: split before assign, release after unassign ---------------------
+
+    def split(self, partitions: list[int]) -> None:
+        self.fetch.split(partitions)
+
+    def release(self, partitions: list[int] | None = None) -> None:
+        self.fetch.release(partitions)
+
+    def close(self) -> None:
+        self.fetch.close()
+
+    # -- one loop turn ------------------------------------------------------------------------------
+
+    def read(self, loop: Any) -> Any:
+        from grudge_stream._cyext._ingest import group_messages
+        from grudge_stream.runtime.loop import Batch
+
+        started = time.perf_counter()
+        # The consumer queue: rebalance callbacks run here (split/release included), errors
+        # come back as messages. A record can come too only if a partition's queue was not
+        # split before its assignment; it is processed all the same, ahead of the fetcher's.
+        msgs = self.consumer.consume(loop.batch_size, timeout=0)
+        groups: dict[int, Any] = {}
+        count = 0
+        if msgs:
+            groups, errors = group_messages(msgs)
+            for m in errors:
+                err = m.error()
+                if err.code() != KafkaError._PARTITION_EOF:
+                    loop.on_error(err)
+            count = len(msgs) - len(errors)
+        want = loop.batch_size - count
+        if want > 0 and not self.fetch.closed:
+            more, errs, n = self.fetch.fetch(want, 0 if count else int(loop.wait_s * 1000))
+            for p, code, text in errs:
+                if code != self._eof:
+                    loop.on_error(KafkaError(code, f"{loop.topic}[{p}]: {text}"))
+            if n:
+                if groups:
+                    for p, cols in more.items():
+                        have = groups.get(p)
+                        if have is None:
+                            groups[p] = cols
+                        else:
+                            for a, b in zip(have, cols):
+                                a.extend(b)
+                else:
+                    groups = more
+                count += n
+        return Batch(groups, count, started)
+
+
+def open_reader(choice: str, consumer: Any, topic: str, batch_size: int, columns: bool,
+                quiet: bool = False) -> NativeReader | None:
+    """The native reader for ``consumer`` as the ``ingest`` setting ``choice`` asks, or None
+    (today's path). ``columns``: the loop reads columns (operators that need headers read
+    records, on today's path). ``native`` where it cannot run raises ``ConfigError``."""
+    if choice not in INGEST_PATHS:
+        raise ConfigError(f"ingest must be one of {', '.join(INGEST_PATHS)}, not {choice!r}")
+    if choice == "python":
+        return None
+    why = unavailable() if columns else "the topology's operators read record headers"
+    if why is not None:
+        if choice == "native":
+            raise ConfigError(f"ingest=native: the native ingest path cannot run: {why}")
+        if not quiet:
+            log.info("ingest: today's path (confluent-kafka messages): the native path cannot run: %s", why)
+        return None
+    reader = NativeReader(consumer, topic, batch_size)
+    if not quiet:
+        log.info("ingest: native (librdkafka %s through confluent-kafka's consumer)", _libversion())
+    return reader
+
+
+def _libversion() -> str:
+    import confluent_kafka
+
+    return confluent_kafka.libversion()[0]
