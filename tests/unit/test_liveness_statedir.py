@@ -127,6 +127,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
             return True
 
     worker.broker = Reachable()
+    worker.native = None  # today's ingest path
     worker._http = None
     worker._start_http()
     try:
