@@ -51,7 +51,8 @@ from faust.types import TP
 from faust.web import View
 
 from grudge_stream._cyext._ingest import group_records
-from grudge_stream.exceptions import CheckpointError, ConfigError, DeliveryError, GrudgeError, WorkerFault
+from grudge_stream.exceptions import (EXIT_FAULT, EXIT_USER_ERROR, CheckpointError, ConfigError, DeliveryError,
+                                     GrudgeError, WorkerFault)
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.runtime.core import WorkerCore
@@ -763,27 +764,28 @@ class FaustStates:
         self.consumer: Any = None
         self.revoked_acks: dict[TP, list[int]] = {}
         self.fatal: str | None = None
+        self.exit_status = EXIT_USER_ERROR  # with ``fatal``: what the app's worker exits with
         _install_consumer(app)
         _install_worker_exit_status(app, self)
         _keep_queued_events_on_resume(app.flow_control)
         app.on_partitions_revoked.connect(self.on_revoked)
         app.on_before_shutdown.connect(self.on_shutdown)
         app.timer(self.TICK_S, name="grudge-states-checkpoint")(self.tick)
-        self.fatal: WorkerFault | None = None
         watch_coordination(app, self._coordination_ended, lambda: self.stopping or self.fatal is not None)
 
     def _coordination_ended(self, exc: WorkerFault) -> None:
         """The app's consumer is a member in name only: no state snapshots again (none may
-        cover what a fenced member did), and the app crashes (Faust's worker exits 1, a
-        fault its orchestrator restarts)."""
-        log.error("%s", exc)
-        self.fatal = exc
+        cover what a fenced member did), one line, and the app stops; its worker exits with
+        status 3, a fault its orchestrator restarts."""
         for state in list(self.states.values()):
             core = getattr(state, "core", None)
             if core is not None:
                 core.no_more_snapshots = True
                 core.metrics.consumer_fatal.inc()
-        asyncio.run_coroutine_threadsafe(self.app.crash(exc), self.app.loop)
+        self.exit_status = EXIT_FAULT
+        self.fatal = str(exc)
+        log.error("%s", self.fatal)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def add(self, state) -> None:
         if state.name in self.states:
@@ -1027,8 +1029,9 @@ def _app_connection(app: faust.App) -> tuple[str, dict[str, Any], str | None]:
 
 def _install_worker_exit_status(app: faust.App, states: "FaustStates") -> None:
     """The app's worker class (``app.conf.Worker``, what ``app.main()`` and ``faust worker``
-    run) exits with status 2 when a state stopped the app (``FaustStates.stop_fatally``),
-    as a worker of grudge-stream's own does for a configuration it cannot work with."""
+    run) exits with status 2 when a state stopped the app (``FaustStates.stop_fatally``) for a
+    configuration it cannot work with, and 3 when it stopped it for a fault a restart cures (a
+    consumer whose group coordination ended), as a worker of grudge-stream's own does."""
     base = app.conf.Worker
     if getattr(base, "grudge_exit_status", False):
         return
@@ -1040,7 +1043,7 @@ def _install_worker_exit_status(app: faust.App, states: "FaustStates") -> None:
             if states.fatal is None:
                 raise
         print(f"{app.conf.id}: {states.fatal}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        raise SystemExit(states.exit_status)
 
     worker = type(base.__name__, (base,), {"grudge_exit_status": True,
                                            "execute_from_commandline": execute_from_commandline,

@@ -34,7 +34,7 @@ from grudge_stream.client import AlertView
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.partitions import restore_partition
 from grudge_stream.topics import create_topics, ensure_topology_topics
-from grudge_stream.topology import Settings
+from grudge_stream.topology import Settings, load_topology
 
 pytestmark = [pytest.mark.kafka]
 
@@ -343,6 +343,12 @@ def test_rolling_upgrade_from_0_2_0_under_load(harness, release_0_2_0: Path) -> 
     for w in new:
         assert w.proc.poll() is None, w.log()[-3000:]
 
+    # The deployment keeps the one index scheme 0.2.0 knew (Kirsch-Mitzenmacher): the current
+    # workers, left at the default, adopt it from the snapshots they restore. The replay and
+    # the final state are read under it.
+    h.topology = load_topology("abuse_scores", Settings({**h.overrides, "index_scheme": "km"}, environ={}))
+    for w in new:
+        assert "index_scheme" in w.log(), "a current worker did not say it adopted the snapshots' scheme"
     ref = h.reference()
     final = h.final_state()
     divergent = [p for p in ref if final[p] != ref[p]["sketch"]]
