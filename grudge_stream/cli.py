@@ -590,9 +590,9 @@ def cmd_score(args: argparse.Namespace) -> int:
                 doc = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             doc = json.loads(exc.read() or b"{}")
-    except (OSError, ValueError) as exc:
-        print(f"grudge-stream score: no answer from {url}: {exc}", file=sys.stderr)
-        return 1
+    except (OSError, ValueError) as exc:  # nothing listens there: the address is wrong, as for a broker
+        print(f"grudge-stream score: no answer from {url}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     results = doc.get("results")
     if not isinstance(results, list):
         print(f"grudge-stream score: {doc.get('error')}: {doc.get('message')}", file=sys.stderr)

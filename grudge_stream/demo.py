@@ -152,7 +152,8 @@ def run_demo(seconds: float = 45.0, partitions: int = 4, rate: float = 2000.0, k
         if keep:
             env = " ".join(f"GRUDGE_{k.upper()}={v}" for k, v in DEMO_SETTINGS.items())
             _say(f"kept: the broker at {bootstrap}"
-                 + (" (make broker-stop stops it)" if broker is not None else "")
+                 + (f" (stop it: make broker-stop, or python -m grudge_devkafka stop --dir {broker.state_dir})"
+                    if broker is not None else "")
                  + f", the topics {topology.source_topic}, {topology.outputs['alerts']}, ..., and the hash key "
                  f"in {seed_file}. Next:\n"
                  f"  export KAFKA_BOOTSTRAP_SERVERS={bootstrap} GRUDGE_SEED_FILE={seed_file} {env}\n"

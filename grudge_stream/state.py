@@ -385,8 +385,7 @@ class SketchState(Generic[OpT]):
         (not below a restored snapshot's offset, not refused for their time)."""
         import numpy as np
 
-        from grudge_stream.operators.codec import MAX_TIMESTAMP_MS
-        from grudge_stream.record_checks import EMPTY_KEY, key_too_long
+        from grudge_stream.record_checks import EMPTY_KEY, MAX_TIMESTAMP_MS, key_too_long
 
         n = len(keys)
         if not (len(values) == len(partitions) == len(offsets) == len(timestamps_ms) == n):
@@ -503,7 +502,7 @@ class ScoreState(SketchState[FeedbackScoreOperator]):
                 and type(offset) is int and type(timestamp_ms) is int and offset >= 0):
             slot = core.slots.get(partition)
             if slot is not None:
-                op = slot.operator
+                op = cast(FeedbackScoreOperator, slot.operator)
                 out = op.update_in_order(key, delta, offset, timestamp_ms)
                 if out is not None:
                     if out:

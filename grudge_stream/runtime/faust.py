@@ -35,7 +35,6 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 import warnings
@@ -44,9 +43,9 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import faust
 from confluent_kafka import KafkaException
+from faust.exceptions import AlreadyConfiguredWarning
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
-from faust.exceptions import AlreadyConfiguredWarning
 from faust.types import TP
 from faust.web import View
 
@@ -1042,8 +1041,8 @@ def _install_worker_exit_status(app: faust.App, states: "FaustStates") -> None:
         except SystemExit:
             if states.fatal is None:
                 raise
-        print(f"{app.conf.id}: {states.fatal}", file=sys.stderr, flush=True)
-        raise SystemExit(states.exit_status)
+        if states.fatal is not None:  # said in one line when it happened
+            raise SystemExit(states.exit_status)
 
     worker = type(base.__name__, (base,), {"grudge_exit_status": True,
                                            "execute_from_commandline": execute_from_commandline,

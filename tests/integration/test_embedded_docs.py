@@ -192,6 +192,9 @@ def test_client_commands_fail_in_one_line_on_an_unreachable_broker_or_a_missing_
         assert res.returncode == 2, (args, res.stderr)
         assert len(res.stderr.strip().splitlines()) == 1 and nowhere in res.stderr, (args, res.stderr)
         assert time.monotonic() - t0 < 20, args
+    res = subprocess.run([cli(), "score", "abuse_scores", "mallory", "--url", f"http://{nowhere}"], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and nowhere in res.stderr, res.stderr
     missing = subprocess.run([cli(), "alerts", "--state", f"nobody-{uuid.uuid4().hex[:6]}",
                               "--bootstrap-servers", kafka_bootstrap], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=60)

@@ -386,3 +386,75 @@ def test_wrong_ca_and_wrong_password_on_topics_are_one_line(secure_kafka: Secure
                   cli_env(GRUDGE_SASL_PASSWORD="wrong-password"), tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "authentication failed" in res.stderr and "Invalid username or password" in res.stderr
+
+
+SASL_FAUST_APP = '''
+import os
+import ssl
+
+import faust
+from grudge_stream import faust as grudge
+from grudge_stream.hashkey import HashKey
+from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+
+app = faust.App(os.environ["APP_ID"], broker="kafka://" + os.environ["BROKER"], store="memory://",
+                topic_partitions=2,
+                broker_credentials=faust.SASLCredentials(
+                    username="alice", password=os.environ["ALICE_PASSWORD"], mechanism="SCRAM-SHA-512",
+                    ssl_context=ssl.create_default_context(cafile=os.environ["CA_FILE"])))
+logins = app.topic(os.environ["SOURCE"], key_type=bytes, value_type=bytes, key_serializer="raw",
+                   value_serializer="raw")
+abuse = grudge.scores(app, os.environ["APP_ID"] + "-abuse", source=logins,
+                      hash_key=HashKey.parse(os.environ["GRUDGE_SEED"]),
+                      sketch=ScoreSketchConfig(levels=2, cells_per_level=1000, decay=Exponential(0.01),
+                                               hasher="siphash"),
+                      raise_at=0.5, clear_at=0.25)
+
+
+@app.agent(logins)
+async def judge(stream):
+    async for event in stream.events():
+        abuse.update(event.key, 0.04 if event.value == b"bad" else -0.001)
+
+
+if __name__ == "__main__":
+    app.main()
+'''
+
+
+def test_embedded_state_takes_a_faust_apps_sasl_ssl_credentials(secure_kafka: SecureKafka, tmp_path: Path) -> None:
+    """A state in a Faust app on SASL_SSL (SCRAM, the CA in the app's SSL context) connects with
+    the app's credentials: no bootstrap_servers, client_config or GRUDGE_* security setting."""
+    from grudge_stream.topics import create_topics
+
+    k = secure_kafka
+    run = uuid.uuid4().hex[:6]
+    app_id, source = f"sasl-app-{run}", f"sasl-logins-{run}"
+    conf = k.client()
+    create_topics(k.sasl, {source: (2, {})}, client_config=conf)
+    script = tmp_path / "sasl_app.py"
+    script.write_text(SASL_FAUST_APP)
+    env = {key: v for key, v in os.environ.items()
+           if key != "KAFKA_BOOTSTRAP_SERVERS" and not key.startswith("GRUDGE_") and key != "PYTHONPATH"}
+    env.update({"APP_ID": app_id, "SOURCE": source, "BROKER": k.sasl, "ALICE_PASSWORD": k.users["alice"],
+                "CA_FILE": str(k.pki.ca), "GRUDGE_SEED": secrets.token_hex(16)})
+    log = tmp_path / "sasl_app.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(script), "worker", "-l", "info", "--web-port", str(free_port())],
+                                env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        p = Producer(conf)
+        for _ in range(20):
+            p.produce(source, key=b"mallory", value=b"bad")
+        assert p.flush(30) == 0
+        assert read_raised(conf, f"{app_id}-abuse-alerts", {"mallory"}, timeout=90) == {"mallory"}, \
+            log.read_text()[-4000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-4000:]
+    assert "client certificate in the app's SSL context" in text  # what was not carried over, said once
