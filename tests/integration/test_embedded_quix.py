@@ -284,3 +284,39 @@ def test_use_outside_a_running_application(app, topics) -> None:
     sdf = bound.update(sdf, lambda v: 0.1)
     with pytest.raises(StateNotReady, match="outside a running Quix application"):
         sdf.test(value=b"x", key=b"alice", timestamp=1_000, ctx=MessageContext(topics[0], 0, 0, 1))
+
+
+def test_apply_and_filter_steps_in_a_running_app(kafka_bootstrap, make_topic, tmp_path) -> None:
+    """A rate limiter as a filter and a forgetting set as an apply, chained on one dataframe
+    of a running app (``app.run(timeout=...)``): what the steps let through and compute, and
+    the states closed with the run."""
+    from confluent_kafka import Producer
+    from quixstreams import Application
+
+    from grudge_stream import quix as grudge
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.sketches.bloom_config import BloomConfig
+
+    topic = make_topic(1)
+    now = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i, key in enumerate([b"u", b"u", b"u", b"v", b"u", b"v"]):
+        p.produce(topic, key=key, value=b"login", timestamp=now + i)
+    p.flush(10)
+
+    app = Application(broker_address=kafka_bootstrap, consumer_group=f"{topic}-g", auto_offset_reset="earliest",
+                      state_dir=str(tmp_path / "quix"), loglevel=None)
+    src = app.topic(topic, key_deserializer="bytes", value_deserializer="bytes")
+    key = HashKey.parse(KEY)
+    limiter = grudge.rate_limiter(app, f"{topic}-rl", source=src, bootstrap_servers=kafka_bootstrap, hash_key=key,
+                                  bucket={"rate_per_s": 0.001, "burst": 2.0})
+    seen = grudge.forgetting_set(app, f"{topic}-seen", source=src, bootstrap_servers=kafka_bootstrap, hash_key=key,
+                                 bloom=BloomConfig(capacity=1000, fp_rate=0.01, period_ms=600_000, hasher="siphash"))
+    got: list = []
+    sdf = app.dataframe(src)
+    sdf = limiter.filter(sdf)  # two logins per user get through, the rest are limited
+    sdf = seen.apply(sdf)  # the value becomes "first time seen?"
+    sdf = sdf.update(lambda value: got.append(value))
+    app.run(timeout=8)
+    assert got == [True, False, True, False], got  # u, u (3rd u limited), v, v (last u limited)
+    assert limiter.state.core is None and seen.state.core is None  # closed with the run
