@@ -234,10 +234,11 @@ class QuixState(Generic[S]):
         """``sdf`` with a step that applies each record to the state and lets it through when
         ``keep(result)`` (default: allowed, first seen, or the key raised). A record the
         state skipped (already reflected in a restored snapshot) goes through: downstream
-        steps get it at least once, as Quix gives."""
-        step = self._step(sdf, value_of, key_of, with_key=True)
+        steps get it at least once, as Quix gives; so does one the state never saw
+        (``value_of`` or ``key_of`` gave None)."""
         if keep is not None and not callable(keep):
             raise TypeError(f"keep must be callable, not {type(keep).__name__}")
+        step = self._step(sdf, value_of, key_of, with_key=True)
         user_keep = keep
         default_keep = self._default_keep()
 
@@ -278,10 +279,10 @@ class QuixState(Generic[S]):
             raise TypeError(f"value_of must be callable, not {type(value_of).__name__}")
         if key_of is not None and not callable(key_of):
             raise TypeError(f"key_of must be callable, not {type(key_of).__name__}")
+        apply = self._applier(value_of)  # checked before the dataframe is touched
         if sdf.stream_id not in self._sink_on:
             sdf.sink(self._sink)  # a branch: it sees every record of sdf; flushed at each checkpoint
             self._sink_on.add(sdf.stream_id)
-        apply = self._applier(value_of)
         source = self.source_topic
 
         def step(value: Any, key: Any, timestamp: int) -> Any:
@@ -318,9 +319,12 @@ class QuixState(Generic[S]):
                             f"ForgettingSetState, not {type(st).__name__}")
 
         def apply(k: Any, value: Any, p: int, o: int, t: int) -> Any:
-            v = value_of(value) if value_of is not None else default
-            if v is None and not isinstance(st, ForgettingSetState):
-                return _NOT_APPLIED
+            if value_of is not None:
+                v = value_of(value)
+                if v is None:  # the record does not touch the state
+                    return _NOT_APPLIED
+            else:
+                v = default
             result = method(k, v, partition=p, offset=o, timestamp_ms=t)
             return _NOT_APPLIED if result is None else result
 

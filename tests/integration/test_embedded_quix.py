@@ -53,11 +53,61 @@ class QuixScenario(EmbeddedScenario):
         res = super().check()
         truth = Counter(m.key() for m in self.read_all(self.source))
         last: dict[bytes, int] = {}
-        for m in sorted(self.read_all(f"{self.app_id}-login-counts"), key=lambda m: (m.partition(), m.offset())):
+        for m in self.read_committed(f"{self.app_id}-login-counts"):
             last[m.key()] = json.loads(m.value())
         res["dropped"] = {k: (last.get(k, 0), n) for k, n in truth.items() if last.get(k, 0) < n}
         res["table_excess"] = sum(max(0, last.get(k, 0) - n) for k, n in truth.items())
         return res
+
+    def settled_ends(self, topic: str, timeout: float = 150) -> dict[int, int]:
+        """``topic``'s end offsets once no transaction is open on it (its last stable offset
+        has reached its high watermark). Under exactly-once Quix gives each process a new
+        ``transactional.id``, so the transaction a SIGKILLed instance left open is aborted
+        only when it times out (``transaction.timeout.ms``, 60 s by default), and until then
+        a read_committed reader sees nothing written after it."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        def ends(isolation: str) -> dict[int, int]:
+            c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "embedded-wm",
+                          "isolation.level": isolation})
+            try:
+                return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                        for p in range(self.PARTITIONS)}
+            finally:
+                c.close()
+
+        deadline = time.monotonic() + timeout
+        while True:
+            stable, high = ends("read_committed"), ends("read_uncommitted")
+            if stable == high:
+                return high
+            assert time.monotonic() < deadline, f"{topic}: a transaction still open: stable {stable}, high {high}"
+            time.sleep(1)
+
+    def read_committed(self, topic: str) -> list:
+        """Every committed record of ``topic`` in offset order per partition (Quix writes it in
+        transactions under exactly-once: aborted ones are left out, and the transaction
+        markers take offsets, so the read ends at each partition's end, not at a count)."""
+        import uuid
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        ends = self.settled_ends(topic)
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False, "isolation.level": "read_committed"})
+        parts = [p for p in range(self.PARTITIONS) if ends[p]]
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        got, deadline = [], time.monotonic() + 60
+        try:
+            while True:
+                got.extend(m for m in c.consume(1000, timeout=0.5) if not m.error())
+                pos = {tp.partition: tp.offset for tp in c.position([TopicPartition(topic, p) for p in parts])}
+                if all(pos[p] >= ends[p] for p in parts):
+                    break
+                assert time.monotonic() < deadline, f"timed out reading {topic}: at {pos}, ends {ends}"
+        finally:
+            c.close()
+        return sorted(got, key=lambda m: (m.partition(), m.offset()))
 
     def expected_raised(self) -> set[bytes]:
         """The keys raised at the end, from the alerts (which equal the replay's)."""
@@ -95,8 +145,12 @@ def assert_alert_view(scenario: QuixScenario) -> None:
         assert set(view.raised()) == want
 
 
-def test_quix_app_kill9_mid_stream_and_restart(scenario):
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_quix_app_kill9_mid_stream_and_restart(scenario, guarantee):
+    """Under Quix's exactly-once too: the sketch state is exact either way; its outputs are
+    at-least-once with stable alert ids (they are outside Quix's transaction)."""
     t0 = time.monotonic()
+    scenario.env["EXAMPLE_GUARANTEE"] = guarantee
     events = scenario.events(30_000, seed=41, abusers=6, users=2000)
     scenario.produce(events[:10_000])
     app = scenario.start("first")
@@ -110,7 +164,7 @@ def test_quix_app_kill9_mid_stream_and_restart(scenario):
     scenario.wait_done()
     assert app.stop() == 0, app.log()[-3000:]
     res = scenario.check()
-    print(f"embedded quix kill -9: {res['alerts']} alerts, {len(res['lost'])} lost, "
+    print(f"embedded quix kill -9 ({guarantee}): {res['alerts']} alerts, {len(res['lost'])} lost, "
           f"{len(res['extra']) + len(res['differing'])} divergent; Quix's count counted "
           f"{res['table_excess']} records twice; {time.monotonic() - t0:.1f}s")
     assert_exact(res)
@@ -230,3 +284,39 @@ def test_use_outside_a_running_application(app, topics) -> None:
     sdf = bound.update(sdf, lambda v: 0.1)
     with pytest.raises(StateNotReady, match="outside a running Quix application"):
         sdf.test(value=b"x", key=b"alice", timestamp=1_000, ctx=MessageContext(topics[0], 0, 0, 1))
+
+
+def test_apply_and_filter_steps_in_a_running_app(kafka_bootstrap, make_topic, tmp_path) -> None:
+    """A rate limiter as a filter and a forgetting set as an apply, chained on one dataframe
+    of a running app (``app.run(timeout=...)``): what the steps let through and compute, and
+    the states closed with the run."""
+    from confluent_kafka import Producer
+    from quixstreams import Application
+
+    from grudge_stream import quix as grudge
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.sketches.bloom_config import BloomConfig
+
+    topic = make_topic(1)
+    now = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i, key in enumerate([b"u", b"u", b"u", b"v", b"u", b"v"]):
+        p.produce(topic, key=key, value=b"login", timestamp=now + i)
+    p.flush(10)
+
+    app = Application(broker_address=kafka_bootstrap, consumer_group=f"{topic}-g", auto_offset_reset="earliest",
+                      state_dir=str(tmp_path / "quix"), loglevel=None)
+    src = app.topic(topic, key_deserializer="bytes", value_deserializer="bytes")
+    key = HashKey.parse(KEY)
+    limiter = grudge.rate_limiter(app, f"{topic}-rl", source=src, bootstrap_servers=kafka_bootstrap, hash_key=key,
+                                  bucket={"rate_per_s": 0.001, "burst": 2.0})
+    seen = grudge.forgetting_set(app, f"{topic}-seen", source=src, bootstrap_servers=kafka_bootstrap, hash_key=key,
+                                 bloom=BloomConfig(capacity=1000, fp_rate=0.01, period_ms=600_000, hasher="siphash"))
+    got: list = []
+    sdf = app.dataframe(src)
+    sdf = limiter.filter(sdf)  # two logins per user get through, the rest are limited
+    sdf = seen.apply(sdf)  # the value becomes "first time seen?"
+    sdf = sdf.update(lambda value: got.append(value))
+    app.run(timeout=8)
+    assert got == [True, False, True, False], got  # u, u (3rd u limited), v, v (last u limited)
+    assert limiter.state.core is None and seen.state.core is None  # closed with the run

@@ -1,4 +1,4 @@
-"""grudge_stream.quix without a broker: the core package never imports Quix Streams; the
+"""grudge_stream.quix without a broker (skipped where Quix Streams is not installed): the
 private Quix attributes the binding relies on are where it expects them (this fails when a
 Quix release moves them: re-check the binding, then the pin in pyproject.toml); bad input
 raises one clear exception naming the argument (the checks that need topics, which Quix
@@ -6,35 +6,8 @@ looks up on the broker, are in tests/integration/test_embedded_quix.py)."""
 from __future__ import annotations
 
 import inspect
-import json
-import subprocess
-import sys
 
 import pytest
-
-
-def test_the_core_package_does_not_import_quixstreams() -> None:
-    """Every module of the installed package except grudge_stream.quix imported: no quixstreams
-    (whether or not it is installed)."""
-    code = (
-        "import importlib, json, pkgutil, sys\n"
-        "import grudge_stream\n"
-        "failed = {}\n"
-        "for m in pkgutil.walk_packages(grudge_stream.__path__, 'grudge_stream.'):\n"
-        "    if m.name == 'grudge_stream.quix':\n"
-        "        continue\n"
-        "    try:\n"
-        "        importlib.import_module(m.name)\n"
-        "    except Exception as exc:\n"
-        "        failed[m.name] = repr(exc)\n"
-        "print(json.dumps({'quix': sorted(n for n in sys.modules if n.split('.')[0] == 'quixstreams'),\n"
-        "                  'count': len([n for n in sys.modules if n.startswith('grudge_stream')]),\n"
-        "                  'failed': failed}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd="/")
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["quix"] == [], res
-    assert res["count"] > 30, res  # the walk imported the package, not nothing
 
 
 quixstreams = pytest.importorskip(
