@@ -4,8 +4,12 @@ Produces N events (default 10M) over K distinct keys (default 1M) into an 8-part
 topic once, then, interleaved over --runs rounds:
 
   consume   a bare tuned confluent-kafka consume() loop that only counts
+  native-consume  the same consumer read through the native ingest kernel
+            (grudge_stream._cyext._native): columns with the key and value bytes, counted
   batch     `grudge-stream worker abuse_scores --runtime batch` (snapshots every 5 s,
-            outputs on threshold crossings), throughput from its /metrics
+            outputs on threshold crossings) on today's ingest path (ingest=python), throughput
+            from its /metrics
+  batch-native  the same worker with ingest=native
   faust-agent  the same topology on the Faust runtime with drain=agent (one Faust event
                per record, the per-event machinery the batch runtime is measured against),
                over the first --faust-agent-events events; only with --faust
@@ -93,6 +97,12 @@ def produce(bs: str, topic: str, n: int, keys: int, planted: int = 0, planted_ev
 
 
 def bare_consume(bs: str, topic: str, n: int) -> float:
+    return bare_consume_cpu(bs, topic, n)[0]
+
+
+def bare_consume_cpu(bs: str, topic: str, n: int) -> tuple[float, float]:
+    """The bare consume() loop: events/s, and CPU seconds of the loop from its first record (all
+    threads, librdkafka's included)."""
     c = Consumer({"bootstrap.servers": bs, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False, "auto.offset.reset": "earliest", **FAST_CONSUMER})
     c.assign([TopicPartition(topic, p, 0) for p in range(PARTS)])
@@ -101,13 +111,47 @@ def bare_consume(bs: str, topic: str, n: int) -> float:
     while got < n:
         msgs = c.consume(10_000, timeout=1.0)
         if msgs and t0 is None:
-            t0 = time.perf_counter()
+            t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         for m in msgs:
             if m.error() is None:
                 got += 1
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    MAIN_US["consume"].append((time.thread_time() - m0) / n * 1e6)
     c.close()
-    return n / dt
+    return n / dt, cpu
+
+
+# The bare loops' main-thread CPU per record, µs (the Python thread; librdkafka's threads apart).
+MAIN_US: dict[str, list[float]] = {"consume": [], "native-consume": []}
+
+
+def native_consume(bs: str, topic: str, n: int) -> tuple[float, float]:
+    """The native ingest kernel in a bare loop: events/s, and CPU seconds of the loop (all threads,
+    librdkafka's included)."""
+    from grudge_stream.runtime.native import NativeReader, unavailable
+
+    why = unavailable()
+    if why is not None:
+        raise RuntimeError(f"native ingest unavailable: {why}")
+    c = Consumer({"bootstrap.servers": bs, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", **FAST_CONSUMER})
+    r = NativeReader(c, topic, 10_000)
+    r.split(list(range(PARTS)))
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTS)])
+    got = 0
+    t0 = None
+    fetch = r.fetch.fetch
+    while got < n:
+        c.consume(10_000, timeout=0)  # the consumer queue: callbacks and errors, as the worker serves it
+        _groups, _errors, k = fetch(10_000, 1000)
+        if k and t0 is None:
+            t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+        got += k
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    MAIN_US["native-consume"].append((time.thread_time() - m0) / n * 1e6)
+    r.close()
+    c.close()
+    return n / dt, cpu
 
 
 def _events_total(port: int) -> float:
@@ -211,7 +255,7 @@ def main() -> None:
     produce(bs, topic, args.events, args.keys)
     print(f"produced {args.events} events over {args.keys} keys in {time.time() - t0:.1f}s", flush=True)
     workdir = tempfile.mkdtemp(prefix="bench-batch-")
-    modes = ["consume", "batch"] + (["eos"] if args.eos else []) + (["faust-agent", "faust-lean"] if args.faust else [])
+    modes = ["consume", "native-consume", "batch", "batch-native"] + (["eos"] if args.eos else []) + (["faust-agent", "faust-lean"] if args.faust else [])
     if args.no_agent and "faust-agent" in modes:
         modes.remove("faust-agent")
     if args.baseline_exe:
@@ -221,9 +265,16 @@ def main() -> None:
     for r in range(args.runs):
         for m in modes:
             if m == "consume":
-                res[m].append(bare_consume(bs, topic, args.events))
-            elif m == "batch":
-                rate, c = worker_rate(bs, topic, args.events, "batch", {}, workdir)
+                rate, c = bare_consume_cpu(bs, topic, args.events)
+                res[m].append(rate)
+                cpu[m].append(c)
+            elif m == "native-consume":
+                rate, c = native_consume(bs, topic, args.events)
+                res[m].append(rate)
+                cpu[m].append(c)
+            elif m in ("batch", "batch-native"):
+                rate, c = worker_rate(bs, topic, args.events, "batch",
+                                      {"ingest": "native" if m == "batch-native" else "python"}, workdir)
                 res[m].append(rate)
                 cpu[m].append(c)
             elif m == "eos":
@@ -258,9 +309,23 @@ def main() -> None:
         rep = replay(topology, bs, start=Position("earliest"), end=Position("now"), sink=None,
                      write_snapshots=True, progress=False)
     med = {m: statistics.median(v) for m, v in res.items()}
-    print(f"\n{'mode':15s} {'median events/s':>16s}   runs")
+    # Events per CPU-second: the bare loops' own CPU (from their first record), a worker's whole
+    # process CPU (start-up and restores included) over the events it counted.
+    per_cpu = {m: statistics.median(args.events / c for c in cpu[m]) for m in modes if cpu[m]}
+    print(f"\n{'mode':15s} {'median events/s':>16s} {'events/CPU-s':>13s}   runs (events/s; spread)")
     for m in modes:
-        print(f"{m:15s} {med[m]:>16,.0f}   {', '.join(f'{x:,.0f}' for x in res[m])}")
+        spread = (max(res[m]) - min(res[m])) / med[m] if len(res[m]) > 1 else 0.0
+        pc = f"{per_cpu[m]:>13,.0f}" if m in per_cpu else f"{'':>13s}"
+        print(f"{m:15s} {med[m]:>16,.0f} {pc}   {', '.join(f'{x:,.0f}' for x in res[m])}; {spread:.0%}")
+    for m, v in MAIN_US.items():
+        if v:
+            print(f"{m}: main-thread CPU {statistics.median(v):.3f} µs/record (runs {', '.join(f'{x:.3f}' for x in v)})")
+    if "native-consume" in med:
+        print(f"native-consume / consume = {med['native-consume'] / med['consume']:.2f} (target >= 3)")
+    if "batch-native" in med:
+        print(f"batch-native / batch = {med['batch-native'] / med['batch']:.2f} events/s, "
+              f"{per_cpu['batch-native'] / per_cpu['batch']:.2f} events per CPU-second (target >= 2.5); "
+              f"batch-native / consume = {med['batch-native'] / med['consume']:.2f}")
     if rep is not None:
         print(f"replay with snapshots: {rep.records:,} records in {rep.seconds:.2f}s = {rep.rate:,.0f}/s")
     for m in ("batch", "faust-lean"):
@@ -277,6 +342,7 @@ def main() -> None:
     emit({"bench": "batch", "events": args.events, "keys": args.keys, "runs": args.runs,
           **{f"{m}_events_per_s": round(v) for m, v in med.items()},
           **{f"{m}_worker_cpu_s": round(statistics.median(v), 2) for m, v in cpu.items() if v},
+          **{f"{m}_events_per_cpu_s": round(v) for m, v in per_cpu.items()},
           **({"replay_seconds": round(rep.seconds, 2), "replay_events_per_s": round(rep.rate)} if rep else {})})
 
 

@@ -569,6 +569,7 @@ class BatchWorker(WorkerCore):
         self.reset_pending = True
 
     reset_pending = False
+    native = None  # the native ingest reader (grudge_stream.runtime.native), None on today's path
     _ingest_said = False
     _fenced_at = float("-inf")
 

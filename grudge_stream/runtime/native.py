@@ -106,6 +106,12 @@ class NativeReader:
         self._eof = PARTITION_EOF
         self.fetch = PartitionFetch(consumer, topic, batch_size)
 
+    def identity(self) -> tuple[str, int]:
+        """(librdkafka's instance name, client type) of the handle read from the consumer."""
+        from grudge_stream._cyext._native import client_identity
+
+        return client_identity(self.consumer)
+
     # -- the rebalance hooks: split before assign, release after unassign ---------------------
 
     def split(self, partitions: list[int]) -> None:
@@ -175,6 +181,14 @@ def open_reader(choice: str, consumer: Any, topic: str, batch_size: int, columns
             log.info("ingest: today's path (confluent-kafka messages): the native path cannot run: %s", why)
         return None
     reader = NativeReader(consumer, topic, batch_size)
+    name, kind = reader.identity()
+    if kind != 1 or "#consumer-" not in name:  # not the handle of a consumer: refuse to read through it
+        reader.close()
+        why = f"the handle taken from the consumer is not a consumer's ({name!r}, type {kind})"
+        if choice == "native":
+            raise ConfigError(f"ingest=native: the native ingest path cannot run: {why}")
+        log.info("ingest: today's path (confluent-kafka messages): the native path cannot run: %s", why)
+        return None
     if not quiet:
         log.info("ingest: native (librdkafka %s through confluent-kafka's consumer)", _libversion())
     return reader

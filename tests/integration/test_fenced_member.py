@@ -70,6 +70,9 @@ def test_batch_worker_replaces_a_fenced_consumer(harness, exactly_once: bool, in
     w.wait_ready()
     h.wait_caught_up()
     assert http(w.web_port, "/live")[0] == 200
+    # The path asked for is the path that runs, and the worker says so.
+    assert http(w.web_port, "/ready")[1]["ingest"] == ingest
+    assert metric(w.web_port, "grudge_ingest_native") == (1.0 if ingest == "native" else 0.0)
 
     # Another consumer joins the group as w0 for 8 s: the worker's consumer is fenced.
     seen: list[tuple[int | None, int | None]] = []
@@ -99,6 +102,7 @@ def test_batch_worker_replaces_a_fenced_consumer(harness, exactly_once: bool, in
     log = w.log()
     assert "failed for good" in log, log[-3000:]
     assert metric(w.web_port, "grudge_consumers_renewed_total") >= 1
+    assert http(w.web_port, "/ready")[1]["ingest"] == ingest  # the renewed consumer reads the same way
     assert metric(w.web_port, "grudge_consumer_fatal_errors_total") >= 1
     # The worker never stopped making progress: /live answered 200 throughout.
     assert all(live == 200 for _, live in seen), seen

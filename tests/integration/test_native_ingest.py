@@ -12,7 +12,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from grudge_stream.runtime import native
 
-pytestmark = pytest.mark.skipif(native.unavailable() is not None, reason=f"native ingest: {native.unavailable()}")
+pytestmark = [pytest.mark.kafka,
+              pytest.mark.skipif(native.unavailable() is not None, reason=f"native ingest: {native.unavailable()}")]
 
 
 def _topic(bs: str, partitions: int, n: int) -> tuple[str, list[tuple[int, bytes, bytes, int]]]:

@@ -39,8 +39,8 @@ def wait_for(cond, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("runtime", ["batch", "faust"])
-def test_worker_rides_out_a_broker_outage(harness, tmp_path, runtime: str, kafka_bootstrap) -> None:
+@pytest.mark.parametrize("runtime,ingest", [("batch", "python"), ("batch", "native"), ("faust", "python")])
+def test_worker_rides_out_a_broker_outage(harness, tmp_path, runtime: str, ingest: str, kafka_bootstrap) -> None:
     if kafka_bootstrap and not kafka_bootstrap.startswith("127.0.0.1"):
         pytest.skip("needs a local broker it can stop")
     port = free_port()
@@ -55,7 +55,7 @@ def test_worker_rides_out_a_broker_outage(harness, tmp_path, runtime: str, kafka
         h.producer = Producer({"bootstrap.servers": bs, "linger.ms": 5})
         h.overrides["bootstrap_servers"] = bs
         h.produce(h.make_events(3000, seed=61))
-        w = h.start_worker(runtime=runtime)
+        w = h.start_worker(runtime=runtime, ingest=ingest)
         w_port = w.web_port
         h.wait_caught_up()
         wait_for(lambda: http(w_port, "/ready")[0] == 200, 30, "never ready")
