@@ -91,9 +91,11 @@ def test_subscribed_records_come_as_columns_and_never_on_the_consumer_queue(kafk
     while eofs != {0, 1, 2} and time.monotonic() < end:
         eofs |= {p for p, _, _ in r.fetch.fetch(100, 100)[1]}
     assert eofs == {0, 1, 2}
-    # The position librdkafka keeps follows the records handed out.
+    # The position librdkafka keeps follows the records handed out. (librdkafka 2.12 moves it
+    # one further past the end-of-partition event, 2.16 does not; the worker never reads it:
+    # it commits and seeks explicit offsets.)
     pos = {tp.partition: tp.offset for tp in c.position([TopicPartition(topic, p) for p in range(3)])}
-    assert pos == {p: len(got[p][0]) for p in range(3)}
+    assert all(len(got[p][0]) <= pos[p] <= len(got[p][0]) + 1 for p in range(3)), pos
     # A seek lands in the split queue: the records from there come again.
     c.seek(TopicPartition(topic, 1, 5))
     again, _, strays = _drain(c, r, len(got[1][0]) - 5, 30)
