@@ -33,6 +33,7 @@ and a reader only compares it with the clock.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -131,8 +132,6 @@ class GroupProgress(Liveness):
         if self._running or now - self._asked < self.interval_s:
             return
         self._asked, self._running = now, True
-        import threading
-
         threading.Thread(target=self._probe, name="grudge-group-progress", daemon=True).start()
 
     def _probe(self) -> None:
