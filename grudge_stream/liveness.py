@@ -149,3 +149,40 @@ class GroupProgress(Liveness):
         seen, self._seen = self._seen, pos
         if pos is None or seen is None or pos[0] != seen[0] or pos[1] <= seen[1]:
             self.beat()
+
+
+class RecoveryStall:
+    """Notices a changelog recovery that stopped moving (a Faust app's Table recovery).
+
+    Fed every few seconds with whether a recovery runs and, per changelog partition it
+    reads, ``(have, need)``: the offset read so far and the one it must reach. Reports the
+    partitions still short of their offset once no partition's read offset has moved for
+    ``stall_s`` while a recovery runs, then again after every further ``stall_s`` without
+    a move. A slow recovery that moves never counts, however long it takes."""
+
+    def __init__(self, stall_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not stall_s > 0:
+            raise ConfigError(f"recovery_stall_s: must be > 0, got {stall_s!r}")
+        self.stall_s = float(stall_s)
+        self.clock = clock
+        self._offsets: dict | None = None
+        self._since = 0.0
+        self.stalls = 0
+
+    def observe(self, recovering: bool, progress: dict) -> list | None:
+        """The partitions (sorted ``(partition, (have, need))``) of a stalled recovery, or None."""
+        now = self.clock()
+        short = {tp: hn for tp, hn in progress.items()
+                 if hn[1] is not None and (hn[0] if hn[0] is not None else -1) < hn[1]}
+        if not recovering or not short:
+            self._offsets = None
+            return None
+        offsets = {tp: hn[0] for tp, hn in progress.items()}
+        if offsets != self._offsets:
+            self._offsets, self._since = offsets, now
+            return None
+        if now - self._since < self.stall_s:
+            return None
+        self._since = now
+        self.stalls += 1
+        return sorted(short.items(), key=lambda kv: (str(kv[0]), kv[1]))

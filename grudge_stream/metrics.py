@@ -57,6 +57,9 @@ class Metrics:
         self.consumers_renewed = Counter("grudge_consumers_renewed_total", "Source consumers replaced in "
                                          "place after a fatal error (the partitions held went back to "
                                          "their snapshots)", registry=r)
+        self.recovery_stalls = Counter("grudge_recovery_stalls_total", "Embedded state in a Faust app: "
+                                       "Table recoveries of the app that read nothing for recovery_stall_s; "
+                                       "each one asked the group for a rebalance", registry=r)
         self.ingest_native = Gauge("grudge_ingest_native", "Batch runtime: 1 when records are read on the "
                                    "native ingest path (setting ingest), 0 on confluent-kafka messages", registry=r)
         self.alerts = Counter("grudge_alerts_total", "Alerts emitted", lbl + ["state"], registry=r)

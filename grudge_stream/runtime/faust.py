@@ -53,6 +53,7 @@ from grudge_stream._cyext._ingest import group_records
 from grudge_stream.exceptions import (EXIT_FAULT, EXIT_USER_ERROR, CheckpointError, ConfigError, DeliveryError,
                                      GrudgeError, WorkerFault)
 from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
+from grudge_stream.liveness import RecoveryStall
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.runtime.core import WorkerCore
 from grudge_stream.serving.http import WorkerHTTP
@@ -69,6 +70,9 @@ log = logging.getLogger("grudge_stream.faust")
 MAX_POLL_RECORDS = 20_000
 # How often a thread checks that the consumer's group coordination still runs.
 COORDINATION_CHECK_S = 2.0
+RECOVERY_CHECK_S = 2.0
+# A Table recovery of a user's app that reads nothing for this long is stalled (FaustStates).
+RECOVERY_STALL_S = 60.0
 
 
 class ShortWaitConsumerThread(AIOKafkaConsumerThread):
@@ -626,6 +630,62 @@ def watch_coordination(app: Any, failed: Callable[[WorkerFault], None], done: Ca
     return t
 
 
+def recovery_progress(app: Any) -> tuple[bool, dict] | None:
+    """Faust's Table recovery as it stands: whether it runs, and per changelog partition
+    it reads for the app's active tables, ``(offset read, offset to reach)``. None before
+    the app has tables, or when read mid-change (the next look gets it). Faust's private
+    attributes, read only, from any thread (pinned by tests/unit/test_group_progress.py)."""
+    tables = app.__dict__.get("tables")  # never created here
+    recovery = getattr(tables, "_recovery", None)
+    if recovery is None:
+        return None
+    try:
+        offsets = dict(recovery.active_offsets)
+        highwaters = dict(recovery.active_highwaters)
+        tps = list(recovery.active_tps)
+    except RuntimeError:  # changed size while copied
+        return None
+    return bool(recovery.in_recovery), {tp: (offsets.get(tp), highwaters.get(tp)) for tp in tps}
+
+
+def request_rebalance(app: Any) -> bool:
+    """Ask the app consumer's group for a rebalance (aiokafka's rejoin, on the consumer's
+    own thread); False when the consumer does not run."""
+    thread = getattr(getattr(app, "_consumer", None), "_thread", None)
+    coordinator = getattr(getattr(thread, "_consumer", None), "_coordinator", None)
+    loop = getattr(thread, "thread_loop", None)
+    if coordinator is None or loop is None or loop.is_closed():
+        return False
+    loop.call_soon_threadsafe(coordinator.request_rejoin)
+    return True
+
+
+def watch_recovery(app: Any, stall_s: Callable[[], float], stalled: Callable[[list], None],
+                   done: Callable[[], bool], every_s: float = RECOVERY_CHECK_S) -> threading.Thread:
+    """A thread that calls ``stalled`` with the partitions of a Table recovery that read
+    nothing for ``stall_s()`` seconds (liveness.RecoveryStall), until ``done()``; 0 is off."""
+    def watch() -> None:
+        stall: RecoveryStall | None = None
+        while not done():
+            time.sleep(every_s)
+            limit = stall_s()
+            if not limit:
+                stall = None
+                continue
+            if stall is None or stall.stall_s != limit:
+                stall = RecoveryStall(limit)
+            seen = recovery_progress(app)
+            if seen is None:
+                continue
+            short = stall.observe(*seen)
+            if short and not done():
+                stalled(short)
+
+    t = threading.Thread(target=watch, name="grudge-recovery-watch", daemon=True)
+    t.start()
+    return t
+
+
 class EmbeddedStateConsumer:
     """Mixed into the consumer class of a user's Faust app by ``FaustStates``.
 
@@ -770,7 +830,37 @@ class FaustStates:
         app.on_partitions_revoked.connect(self.on_revoked)
         app.on_before_shutdown.connect(self.on_shutdown)
         app.timer(self.TICK_S, name="grudge-states-checkpoint")(self.tick)
-        watch_coordination(app, self._coordination_ended, lambda: self.stopping or self.fatal is not None)
+        self._recovery_stall_s = RECOVERY_STALL_S
+        finished = lambda: self.stopping or self.fatal is not None  # noqa: E731
+        watch_coordination(app, self._coordination_ended, finished)
+        watch_recovery(app, lambda: self._recovery_stall_s, self._recovery_stalled, finished)
+
+    @property
+    def recovery_stall_s(self) -> float:
+        """Seconds a Table recovery of the app may read nothing before its changelog
+        partitions are logged and the group is asked for a rebalance (0: never)."""
+        return self._recovery_stall_s
+
+    @recovery_stall_s.setter
+    def recovery_stall_s(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ConfigError(f"recovery_stall_s: a number of seconds >= 0 (0: off), got {value!r}")
+        self._recovery_stall_s = float(value)
+
+    def _recovery_stalled(self, short: list) -> None:
+        """The app's Table recovery read nothing for ``recovery_stall_s``: say which
+        changelog partitions it waits on, and ask for a rebalance, which starts the
+        recovery again from what it has read (Faust's restart of a recovery)."""
+        for state in list(self.states.values()):
+            core = getattr(state, "core", None)
+            if core is not None:
+                core.metrics.recovery_stalls.inc()
+        waits = ", ".join(f"{tp.topic}[{tp.partition}] at {have} of {need}" for tp, (have, need) in short[:8])
+        more = f" and {len(short) - 8} more" if len(short) > 8 else ""
+        asked = request_rebalance(self.app)
+        log.error("the app's Table recovery read nothing for %.0f s; changelog partitions it waits on: %s%s; %s",
+                  self._recovery_stall_s, waits, more,
+                  "asked the group for a rebalance" if asked else "its consumer does not run: no rebalance asked")
 
     def _coordination_ended(self, exc: WorkerFault) -> None:
         """The app's consumer is a member in name only: no state snapshots again (none may

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "faust_app" / "app.py"
+STALLING = Path(__file__).resolve().parent / "embedded_stall_app.py"
 ARGS = ["worker", "-l", "info", "--web-host", "127.0.0.1", "--web-port", "{port}"]
 
 
@@ -85,3 +86,28 @@ def test_two_instances_rebalance(scenario):
     assert_exact(res)
     # Both instances held partitions of the state at some point.
     assert "restored" in a.log() and "restored" in b.log()
+
+
+def test_a_stalled_table_recovery_is_named_and_rebalanced(scenario):
+    """A Table recovery whose changelog partitions never deliver (held paused here; a fetch
+    loop stuck behind a full agent queue looks the same): the binding names the partitions
+    it waits on after ``recovery_stall_s`` and asks the group for a rebalance, whose
+    recovery reads them; the state and the Table agent end exact."""
+    events = scenario.events(20_000, seed=31, abusers=6, users=2000)
+    scenario.produce(events[:10_000])
+    first = scenario.start("first")
+    scenario.wait_done()  # the Table's changelog now holds what a restart must read back
+    assert first.stop() == 0, first.log()[-3000:]
+    scenario.produce(events[10_000:])
+    scenario.script = STALLING
+    scenario.env["GRUDGE_TEST_STALL_S"] = "4"
+    second = scenario.start("second")
+    scenario.wait_done()
+    log = second.log()
+    assert "withheld changelog partitions" in log, log[-3000:]  # the recovery was made to stall
+    assert "Table recovery read nothing for 4 s; changelog partitions it waits on: " in log, log[-3000:]
+    assert "logins-per-user-changelog[" in log and "asked the group for a rebalance" in log
+    assert second.stop() == 0, second.log()[-3000:]
+    res = scenario.check()
+    print(f"stalled recovery: {res['alerts']} alerts, 0 lost, 0 divergent after the rebalance it asked for")
+    assert_exact(res)

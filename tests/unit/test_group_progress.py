@@ -134,3 +134,89 @@ def test_coordination_failure_reads_a_finished_task() -> None:
     failed, closing, none = asyncio.run(scenario())
     assert failed is not None and "another incarnation" in failed
     assert closing is None and none is None
+
+
+def test_a_recovery_that_reads_nothing_is_reported_after_stall_s() -> None:
+    from grudge_stream.liveness import RecoveryStall
+
+    clock = Clock()
+    stall = RecoveryStall(60.0, clock=clock)
+    progress = {"c[0]": (-1, 2000), "c[1]": (500, 500)}
+    assert stall.observe(True, progress) is None
+    clock.t += 59
+    assert stall.observe(True, progress) is None
+    clock.t += 2
+    assert stall.observe(True, progress) == [("c[0]", (-1, 2000))]  # only the partition short of its offset
+    clock.t += 30
+    assert stall.observe(True, progress) is None  # asked once per stall_s
+    clock.t += 31
+    assert stall.observe(True, progress) == [("c[0]", (-1, 2000))]
+    assert stall.stalls == 2
+
+
+def test_a_slow_recovery_that_moves_or_no_recovery_is_never_reported() -> None:
+    from grudge_stream.liveness import RecoveryStall
+
+    clock = Clock()
+    stall = RecoveryStall(10.0, clock=clock)
+    for read in range(0, 2000, 10):  # 1 record per second for a long time
+        clock.t += 9
+        assert stall.observe(True, {"c[0]": (read, 5000)}) is None
+    for _ in range(10):  # done, or not recovering: nothing to report however long
+        clock.t += 60
+        assert stall.observe(True, {"c[0]": (5000, 5000)}) is None
+        assert stall.observe(False, {"c[0]": (10, 5000)}) is None
+    with pytest.raises(ConfigError):
+        RecoveryStall(0)
+
+
+def test_the_faust_attributes_the_recovery_watch_reads() -> None:
+    """runtime.faust.recovery_progress and request_rebalance read Faust's and aiokafka's
+    private attributes: a release that renames them must fail here."""
+    import inspect
+
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+    from faust.tables.manager import TableManager
+    from faust.tables.recovery import Recovery
+    from mode.threads import ServiceThread
+
+    src = inspect.getsource(Recovery)
+    for attr in ("self.active_offsets", "self.active_highwaters", "self.active_tps", "self.in_recovery = "):
+        assert attr in src, attr
+    assert "self._recovery = " in inspect.getsource(TableManager)
+    assert "def request_rejoin(self)" in inspect.getsource(GroupCoordinator)
+    assert "self.thread_loop = " in inspect.getsource(ServiceThread)
+
+
+def test_recovery_progress_reads_a_stalled_recovery_and_asks_for_a_rebalance() -> None:
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from grudge_stream.runtime.faust import recovery_progress, request_rebalance
+
+    recovery = SimpleNamespace(in_recovery=True, active_tps={"c[0]", "c[1]"},
+                               active_offsets={"c[0]": -1, "c[1]": 40}, active_highwaters={"c[0]": 99, "c[1]": 40})
+
+    class App:
+        pass
+
+    app = App()
+    assert recovery_progress(app) is None  # no tables made: none made here
+    app.__dict__["tables"] = SimpleNamespace(_recovery=recovery)
+    assert recovery_progress(app) == (True, {"c[0]": (-1, 99), "c[1]": (40, 40)})
+
+    loop = asyncio.new_event_loop()
+    asked = threading.Event()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        app._consumer = SimpleNamespace(_thread=SimpleNamespace(
+            thread_loop=loop, _consumer=SimpleNamespace(_coordinator=SimpleNamespace(request_rejoin=asked.set))))
+        assert request_rebalance(app)
+        assert asked.wait(5)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.close()
+    assert not request_rebalance(App())
