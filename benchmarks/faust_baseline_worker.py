@@ -6,6 +6,11 @@ the memory store and raw serializers:
 
 - ``--mode count``: (a) the bare agent; it only counts events (``--take N`` reads
   ``stream.take_events(N, within)`` batches instead of one event at a time);
+- ``--mode incr``: the agent increments a per-key count in a Faust Table
+  (``counts[key] += 1``, changelogged): what a Table costs an agent per event;
+- ``--mode state``: the agent updates a grudge-stream ``ScoreState`` attached to the app
+  (``abuse.update(key, delta)``; levels 4, 100,000 cells per level, snapshots every 5 s):
+  what the embedded state costs an agent per event (benchmarks/bench_faust_agent.py);
 - ``--mode table``: (b) the exact baseline: a Faust Table ``scores`` (changelogged, one
   changelog partition per source partition) whose value per client is
   ``(score, last_ms)`` packed as 16 bytes; on each event the score decays
@@ -84,7 +89,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, required=True)
     ap.add_argument("--expected", type=int, required=True)
     ap.add_argument("--app-id", required=True)
-    ap.add_argument("--mode", choices=("count", "table"), required=True)
+    ap.add_argument("--mode", choices=("count", "incr", "state", "table"), required=True)
     ap.add_argument("--take", type=int, default=0, help="count mode: take_events batch size (0 = per event)")
     ap.add_argument("--decay-per-s", type=float, default=0.01)
     ap.add_argument("--out", type=Path, required=True)
@@ -178,6 +183,50 @@ def main() -> None:
                         st["t_q"], st["n_q"] = st["t_last"], st["n"]
                     if st["n"] >= expected:
                         report("complete")
+    elif args.mode == "incr":
+        table = app.Table("counts", partitions=args.partitions, default=int, key_type=bytes, value_type=int,
+                          value_serializer="json")
+
+        @app.agent(source)
+        async def incr(stream):
+            async for event in stream.events():
+                if st["t_first"] is None:
+                    first()
+                table[event.message.key] += 1
+                st["n"] += 1
+                st["t_last"] = mono()
+                if st["n"] == quarter:
+                    st["t_q"], st["n_q"] = st["t_last"], st["n"]
+                if st["n"] >= expected:
+                    report("complete")
+    elif args.mode == "state":
+        from grudge_stream import faust as grudge
+        from grudge_stream.hashkey import HashKey
+        from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+
+        abuse = grudge.scores(app, f"{args.app_id}-abuse", source=source,
+                              hash_key=HashKey.parse("2b7e151628aed2a6abf7158809cf4f3c"),  # a benchmark key
+                              sketch=ScoreSketchConfig(levels=4, cells_per_level=100_000,
+                                                       decay=Exponential(args.decay_per_s), lo=0.0, hi=1.0,
+                                                       hasher="siphash"),
+                              raise_at=0.5, clear_at=0.25, checkpoint_interval_s=5.0)
+        update = abuse.update
+
+        @app.agent(source)
+        async def judge(stream):
+            async for event in stream.events():
+                if st["t_first"] is None:
+                    first()
+                msg = event.message
+                delta = DELTAS.get(msg.value)
+                if delta is not None:
+                    update(msg.key, delta)
+                st["n"] += 1
+                st["t_last"] = mono()
+                if st["n"] == quarter:
+                    st["t_q"], st["n_q"] = st["t_last"], st["n"]
+                if st["n"] >= expected:
+                    report("complete")
     else:
         # The app's key/value serializers are raw, so the changelog carries the packed bytes.
         table = app.Table("scores", partitions=args.partitions, key_type=bytes, value_type=bytes)
