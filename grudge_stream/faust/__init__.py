@@ -47,7 +47,7 @@ from typing import Any
 
 import faust
 
-from grudge_stream.runtime.faust import FaustStates, attach
+from grudge_stream.runtime.faust import FaustStates, StatesWeb, attach, serve
 from grudge_stream.state import (
     ForgettingSetState,
     HeavyHitterState,
@@ -57,7 +57,7 @@ from grudge_stream.state import (
     StateNotReady,
 )
 
-__all__ = ["attach", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "FaustStates",
+__all__ = ["attach", "serve", "StatesWeb", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "FaustStates",
            "SketchState", "ScoreState", "RateLimitState", "HeavyHitterState", "ForgettingSetState",
            "StateNotReady"]
 
