@@ -1004,6 +1004,13 @@ class FaustStates:
             await self._run(self.web.close)
 
 
+# The events an agent hands a state whose reads are served (``update(key, delta)`` in an
+# agent) have their record's key checked against the partitioner: those at offsets below
+# ``SAMPLE_FIRST`` of each partition, then one offset in 64 (a bit test per event).
+SAMPLE_FIRST = 256
+SAMPLE_MASK = 63
+
+
 class StatesWeb:
     """Live reads of a Faust app's states on the app's own web server (``serve``).
 
@@ -1019,12 +1026,6 @@ class StatesWeb:
     records the app's agents acknowledge to check that partitioner; until a sampled key
     confirmed it, answers carry ``partitioner_check``.
     """
-
-    # Events an agent hands a state (``update(key, delta)`` in an agent): every one of the
-    # first ``SAMPLE_FIRST``, then one in ``SAMPLE_EVERY``, has its record's key checked
-    # against the partitioner.
-    SAMPLE_FIRST = 256
-    SAMPLE_EVERY = 64
 
     def __init__(self, states: "FaustStates", *, token_file: str | None = None,
                  key_partitioner: str | None = None, insecure_open: bool = False,
@@ -1044,7 +1045,6 @@ class StatesWeb:
         self.access: Any = None
         self.base_url = ""
         self.apis: dict[str, WorkerHTTP] = {}
-        self._sampled = 0
 
     def path(self, state: Any) -> str:
         """The state's path on the app's web server (``/v1/score`` and ``/v1/scores`` below it)."""
@@ -1065,7 +1065,8 @@ class StatesWeb:
         for rel in ("/v1/score", "/v1/scores"):
             self.app.page(base + rel, name=f"grudge-{state.name}-{rel.rsplit('/', 1)[1]}")(view(rel))
         # The keys the agents hand the state are sampled for the partitioner check.
-        state.current_position = lambda: _current_position(state, self.sample)
+        sample = self.sample
+        state.current_position = lambda: _current_position(state, sample)
 
     def start(self) -> None:
         """The access rules against the app's web settings as the worker runs them (after
@@ -1142,9 +1143,6 @@ class StatesWeb:
         """The record of an event an agent hands ``state``: now and then its key (as
         produced, before Faust's key serializer) checked against the state's partitioner
         (``PartitionerCheck``: its status is in every answer until a key confirmed it)."""
-        self._sampled += 1
-        if self._sampled > self.SAMPLE_FIRST and self._sampled % self.SAMPLE_EVERY:
-            return
         core, key = state.core, message.key
         if core is not None and core.partition_count and isinstance(key, bytes):
             core.partitioner_check.check(message.partition, core.partition_count, [key])
@@ -1169,7 +1167,7 @@ def _current_position(state, sample: Callable[[Any, Any], None] | None = None) -
     if m.topic != state.source_topic:
         raise ValueError(f"state {state.name!r} is bound to topic {state.source_topic!r}, but the event "
                          f"being processed is of {m.topic!r}")
-    if sample is not None:
+    if sample is not None and (m.offset < SAMPLE_FIRST or not m.offset & SAMPLE_MASK):
         sample(state, m)
     return m.partition, m.offset, int(round(m.timestamp * 1000))
 
