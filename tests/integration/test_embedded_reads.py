@@ -6,6 +6,8 @@ some partitions of ``logins``. A score read of a key on either instance's web se
 partition: both answers name the same ``served_by``, carry the same score, and that
 score is the one an uninterrupted replay of the partition computes. The token of the
 query token file is required: without it 401, with another one 403, on both instances.
+Once records of keys placed by another partitioner (crc32) reach the agents, the answers
+say ``partitioner_check: mismatched``.
 """
 from __future__ import annotations
 
@@ -120,8 +122,32 @@ def test_a_score_read_on_either_instance_is_the_owners(scenario):
         assert status == 403 and body["error"] == "forbidden", body
         assert "score" not in body
 
+    # Keys placed by another partitioner (librdkafka's default, crc32): once the instances
+    # have sampled some, every answer says the partitioner does not match.
+    crc = Producer({"bootstrap.servers": scenario.bootstrap, "linger.ms": 5})  # consistent_random: crc32
+    placed: dict[int, list[bytes]] = defaultdict(list)
+    i = 0
+    while min((len(placed[p]) for p in range(scenario.PARTITIONS)), default=0) < 2:
+        k = f"elsewhere-{i}".encode()
+        i += 1
+        if partition_for(k, scenario.PARTITIONS, "crc32") != partition_for(k, scenario.PARTITIONS):
+            placed[partition_for(k, scenario.PARTITIONS, "crc32")].append(k)
+    for p_keys in placed.values():
+        for j in range(100):  # 100 consecutive offsets of each partition: one at least is sampled
+            crc.produce(scenario.source, key=p_keys[j % 2], value=b'{"outcome":"good"}')
+    assert crc.flush(30) == 0
+    deadline = time.monotonic() + 60
+    while True:
+        checks = {name: get(port, path, scenario.token, key=k.decode())[1].get("partitioner_check")
+                  for name, port in ports.items() for k in keys[:1]}
+        if set(checks.values()) == {"mismatched"}:
+            break
+        assert time.monotonic() < deadline, (checks, scenario.logs())
+        time.sleep(0.5)
+
     assert a.stop() == 0, a.log_text()
     assert b.stop() == 0, b.log_text()
+    assert any("not where key_partitioner=murmur2 puts" in app.log() for app in (a, b))
     for app in (a, b):
         assert "Traceback" not in app.log(), app.log_text()
         assert "live reads at" in app.log()
