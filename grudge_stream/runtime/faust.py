@@ -1022,8 +1022,8 @@ class StatesWeb:
     a partition this instance does not hold is asked of its owner, found in the members
     directory ``grudge-embedded-<name>-members`` where every instance publishes the
     partitions it holds restored and the URL it answers at (``<canonical_url><prefix>/<name>``),
-    and each answer says which instance read it (``served_by``). Keys are sampled from the
-    records the app's agents acknowledge to check that partitioner; until a sampled key
+    and each answer says which instance read it (``served_by``). The keys of the events the
+    agents hand a state are sampled to check that partitioner; until a sampled key
     confirmed it, answers carry ``partitioner_check``.
     """
 
@@ -1092,6 +1092,9 @@ class StatesWeb:
             overrides["insecure_open_queries"] = "true"
         self.access = QueryAccess.from_settings(Settings(overrides, environ=settings.environ))
         self.base_url = str(conf.canonical_url).rstrip("/")
+        if not conf.web_enabled:
+            log.warning("the app's web server is disabled (web_enabled=False): the states' live reads "
+                        "are not served, and no other instance can forward to this one")
 
     def start_state(self, state: Any) -> None:
         """A started state's queries under these access rules, answering at its URL, and its

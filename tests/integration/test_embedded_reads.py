@@ -12,6 +12,7 @@ say ``partitioner_check: mismatched``.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -153,3 +154,18 @@ def test_a_score_read_on_either_instance_is_the_owners(scenario):
         assert "live reads at" in app.log()
     print(f"embedded live reads: {len(keys)} keys asked on both instances, "
           f"{len(served[urls['a']])} served by a, {len(served[urls['b']])} by b, every answer the owner's")
+
+
+def test_without_a_token_file_on_every_address_the_app_stops_with_status_2(scenario):
+    """The example app bound as Faust binds by default (every address) and no token file: it
+    refuses to start in one line, as a worker does, before any record reaches an agent."""
+    scenario.env.pop("GRUDGE_QUERY_TOKEN_FILE")
+    app = scenario.start("open")
+    try:
+        rc = app.proc.wait(120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the app did not stop:\n" + app.log_text()) from None
+    log = app.log_text()
+    assert rc == 2, log
+    assert "live reads on the app's web server cannot start: the app's web server binds 0.0.0.0" in log, log
+    assert "Traceback" not in log, log
