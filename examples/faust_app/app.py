@@ -8,13 +8,20 @@ keyed by the user):
   raised on ``<app>-abuse-alerts`` when the score reaches 0.5 and cleared at 0.25;
 - ``count`` counts logins per user in an ordinary Faust Table.
 
+The state's scores are read on the app's own web server, from any instance:
+``GET /grudge/<app>-abuse/v1/score?key=K`` with ``Authorization: Bearer <token>``
+(``grudge.serve``: answered by the instance that holds the key's partition).
+
 Run it like any Faust app::
 
     export GRUDGE_SEED=$(python -c 'import secrets; print(secrets.token_hex(16))')
+    echo "reader:$(python -c 'import secrets; print(secrets.token_urlsafe(32))')" > tokens
+    export GRUDGE_QUERY_TOKEN_FILE=$PWD/tokens
     python examples/faust_app/app.py worker -l info
 
 Environment: ``KAFKA_BOOTSTRAP_SERVERS`` (default 127.0.0.1:9092), ``GRUDGE_SEED`` (the
-secret hash key, required), ``EXAMPLE_APP_ID`` (default ``shop-guard``),
+secret hash key, required), ``GRUDGE_QUERY_TOKEN_FILE`` (the readers' bearer tokens,
+``name:token`` lines; required unless the web server binds a loopback address), ``EXAMPLE_APP_ID`` (default ``shop-guard``),
 ``EXAMPLE_SOURCE`` (default ``logins``), ``EXAMPLE_PARTITIONS`` (default 4, the source
 topic's partition count), ``EXAMPLE_DATADIR`` (Faust's local data, default a
 temporary directory). ``tests/integration/test_embedded_faust.py`` runs it, kills it
@@ -59,6 +66,11 @@ abuse = grudge.scores(
                              aggregator="min", hasher="siphash"),
     raise_at=0.5, clear_at=0.25, checkpoint_interval_s=2.0,
 )
+
+# Live reads of the state on this app's web server, routed to the instance that holds the
+# key's partition: GET /grudge/<APP_ID>-abuse/v1/score?key=K, for the tokens of
+# GRUDGE_QUERY_TOKEN_FILE (the same access rules as a worker's /v1/score).
+grudge.serve(app)
 
 # A plain Faust Table beside it.
 logins_per_user = app.Table("logins-per-user", default=int, key_type=bytes, value_type=int,

@@ -39,7 +39,10 @@ records reach an agent), snapshotted every ``checkpoint_interval_s``, on revocat
 and at shutdown. The app's commits of that topic never pass a state's newest durable
 snapshot; every other topic, agent, Table and timer of the app works as Faust has it.
 A per-event call takes the partition, offset and timestamp of the event being
-processed. docs/embedding.md says what is guaranteed, and what is not.
+processed. ``grudge.serve(app)`` serves the states' score reads on the app's web server
+(``/grudge/<state>/v1/score?key=K``, answered by the instance that holds the key's
+partition, behind the bearer tokens of ``GRUDGE_QUERY_TOKEN_FILE``).
+docs/embedding.md says what is guaranteed, and what is not.
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ from typing import Any
 
 import faust
 
-from grudge_stream.runtime.faust import FaustStates, attach
+from grudge_stream.runtime.faust import FaustStates, StatesWeb, attach, serve
 from grudge_stream.state import (
     ForgettingSetState,
     HeavyHitterState,
@@ -57,7 +60,7 @@ from grudge_stream.state import (
     StateNotReady,
 )
 
-__all__ = ["attach", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "FaustStates",
+__all__ = ["attach", "serve", "StatesWeb", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "FaustStates",
            "SketchState", "ScoreState", "RateLimitState", "HeavyHitterState", "ForgettingSetState",
            "StateNotReady"]
 

@@ -767,9 +767,10 @@ class WorkerCore:
         slot = self.slots.get(partition)
         return slot if slot is not None and partition in self.assigned else None
 
-    def start_members(self) -> None:
-        """Start the members directory (blocking: run it in an executor from asyncio code)."""
-        url = advertised_url(self.settings)
+    def start_members(self, url: str | None = None) -> None:
+        """Start the members directory (blocking: run it in an executor from asyncio code).
+        ``url``: where this member answers score queries (default ``advertised_url``)."""
+        url = url or advertised_url(self.settings)
         try:
             rejected = self.metrics.entries_rejected.labels("members")
             self.members = MembersDirectory(self.bootstrap, self.app_id, self.instance_id or url, url,

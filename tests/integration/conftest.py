@@ -355,6 +355,7 @@ class ExampleApp:
         datadir.mkdir(exist_ok=True)
         env = {**env, "EXAMPLE_DATADIR": str(datadir)}
         port = str(free_port())
+        self.web_port = int(port)
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, str(script), *[a.replace("{port}", port) for a in args]],
                                          env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(tmp))
@@ -412,6 +413,11 @@ class EmbeddedScenario:
                     "EXAMPLE_APP_ID": self.app_id, "EXAMPLE_SOURCE": self.source,
                     "EXAMPLE_PARTITIONS": str(self.PARTITIONS)}
         self.env.pop("PYTHONPATH", None)
+        # The bearer token of the state's live reads on the app's web server (grudge.serve).
+        self.token = secrets.token_urlsafe(24)
+        token_file = tmp / f"{self.app_id}-query-tokens"
+        token_file.write_text(f"app:{self.token}\n")
+        self.env["GRUDGE_QUERY_TOKEN_FILE"] = str(token_file)
         create_topics(bootstrap, {self.source: (self.PARTITIONS, {})})
         self.example = self._load_example()
         self.state = self.example.abuse
