@@ -194,6 +194,9 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
                           f"not {type(value_of).__name__}")
     if uncommitted not in ("error", "earliest", "latest"):
         raise ConfigError(f"uncommitted must be error, earliest or latest, not {uncommitted!r}")
+    _check_output(state, output)
+    if output is not None and sink is not None:
+        raise ConfigError("give output or sink, not both")
     if state.core is not None:
         raise ConfigError(f"state {state.name!r} is started in this process: a backfill fills a state its app "
                           "does not run (stop the app; backfill before it starts the state)")
@@ -228,8 +231,6 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
 
     ensure_topics(topology, settings, bootstrap, props)
     if output is not None:
-        if sink is not None:
-            raise ConfigError("give output or sink, not both")
         sink = sink_for(state, output)
     store = CheckpointStore(bootstrap, topology.snapshot_topic, client_config=conf)
     try:
@@ -265,11 +266,25 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
     return report
 
 
+def _check_output(state: Any, output: Any) -> None:
+    """``output``'s form, checked before anything connects."""
+    if output is None or output == "live":
+        return
+    if isinstance(output, dict) and output and all(isinstance(t, str) and t for t in output.values()):
+        unknown = set(output) - set(state.topology.outputs)
+        if unknown:
+            raise ConfigError(f"output: roles {sorted(unknown)} are not the state's "
+                              f"({sorted(state.topology.outputs)})")
+        return
+    raise ConfigError(f"output must be None, 'live' or a mapping of role to topic, not {output!r}")
+
+
 def sink_for(state: Any, output: Any) -> Any:
     """The sink of ``SketchState.backfill``'s ``output``: None (nothing published), ``"live"``
     (the state's own topics) or a mapping of output role to topic (those roles only)."""
     from grudge_stream.outputs import OutputPublisher
 
+    _check_output(state, output)
     if output is None:
         return None
     bootstrap, props = state.connection()
@@ -278,22 +293,15 @@ def sink_for(state: Any, output: Any) -> Any:
     conf = {**client_config(state.settings, bootstrap), **props}
     if output == "live":
         return OutputPublisher(bootstrap, dict(state.topology.outputs), client_config=conf)
-    if isinstance(output, dict) and output and all(isinstance(t, str) and t for t in output.values()):
-        unknown = set(output) - set(state.topology.outputs)
-        if unknown:
-            raise ConfigError(f"output: roles {sorted(unknown)} are not the state's "
-                              f"({sorted(state.topology.outputs)})")
-        topics = dict(output)
-        if "alerts" in topics and "alert_state" in state.topology.outputs and "alert_state" not in topics:
-            topics["alert_state"] = topics["alerts"] + "-state"  # the raised set goes where its alerts go
-        from confluent_kafka.admin import AdminClient
+    topics = dict(output)
+    if "alerts" in topics and "alert_state" in state.topology.outputs and "alert_state" not in topics:
+        topics["alert_state"] = topics["alerts"] + "-state"  # the raised set goes where its alerts go
+    from confluent_kafka.admin import AdminClient
 
-        known = set(AdminClient({"log_level": 3, **conf}).list_topics(timeout=WAIT_S).topics)
-        missing = sorted(t for t in topics.values() if t not in known)
-        if missing:
-            raise ConfigError(f"output: missing topics {missing}; create them first (grudge-stream create-topic)")
-        return OutputPublisher(bootstrap, topics, client_config=conf)  # the roles given only
-    raise ConfigError(f"output must be None, 'live' or a mapping of role to topic, not {output!r}")
-
+    known = set(AdminClient({"log_level": 3, **conf}).list_topics(timeout=WAIT_S).topics)
+    missing = sorted(t for t in topics.values() if t not in known)
+    if missing:
+        raise ConfigError(f"output: missing topics {missing}; create them first (grudge-stream create-topic)")
+    return OutputPublisher(bootstrap, topics, client_config=conf)  # the roles given only
 
 __all__ = ["backfill", "BackfillReport", "sink_for", "record_applier"]
