@@ -181,9 +181,9 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
     must exist); or ``sink``, a sink of ``grudge_stream.replay.runner.make_sink``. ``uncommitted``: for a partition the group never committed, where the
     app will start (its ``auto.offset.reset``): ``earliest`` (nothing to fill) or
     ``latest`` (the whole partition); ``error`` (default) refuses."""
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, TopicPartition
 
-    from grudge_stream.checkpoint import CheckpointStore
+    from grudge_stream.checkpoint import CheckpointStore, watermarks
     from grudge_stream.kafkaconf import check_connection, client_config
     from grudge_stream.replay.ranges import Position, topic_partitions
     from grudge_stream.replay.runner import replay
@@ -216,15 +216,22 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
                       "enable.auto.commit": False})
     try:
         partitions = topic_partitions(probe, topic)
+        committed = committed_offsets(bootstrap, conf, group, topic, partitions, wait_s)
+        # A partition the group never committed that holds no record has nothing to fill,
+        # wherever the app will start there: its snapshot is at the partition's end.
+        for p in partitions:
+            if committed.get(p) is None:
+                lo, hi = watermarks(probe, TopicPartition(topic, p), wait_s)
+                if lo == hi:
+                    committed[p] = hi
     finally:
         probe.close()
-    committed = committed_offsets(bootstrap, conf, group, topic, partitions, wait_s)
     ends: dict[int, int] = {}
     missing = sorted(p for p in partitions if committed.get(p) is None)
     if missing and uncommitted == "error":
-        raise ConfigError(f"group {group!r} has no committed offset of {topic!r} partitions {missing}: run the "
-                          "app once without the state, or say where it will start there (--uncommitted "
-                          "earliest|latest, its auto.offset.reset)")
+        raise ConfigError(f"group {group!r} has no committed offset of {topic!r} partitions {missing}, which "
+                          "hold records: say where the app will start there (--uncommitted earliest|latest, "
+                          "its auto.offset.reset; Faust's default: earliest)")
     for p in partitions:
         c = committed.get(p)
         ends[p] = c if c is not None else (0 if uncommitted == "earliest" else 2 ** 62)

@@ -28,6 +28,9 @@ state byte for byte. Driving it (docs/embedding.md):
   whenever you want to commit (commit exactly the offsets it returns), ``revoke``,
   ``close``. ``examples/own_loop.py`` is a complete one.
 
+A state added to an app that already ran is filled from its source topic's history first
+with ``state.backfill(value_of)`` or ``grudge-stream backfill`` (``grudge_stream.backfill``).
+
 What is guaranteed: a snapshot never covers an output (alert, decision) that was not
 delivered; the state a restore rebuilds, once the records after its snapshot are
 applied again, is byte-identical to a run that never stopped; events below a
