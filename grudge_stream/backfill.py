@@ -168,8 +168,7 @@ def record_applier(state: Any, value_of: Callable[[Any, Any], Any], counts: dict
 
 
 def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | None = None, sink: Any = None,
-             output: Any = None,
-             while_live: bool = False, uncommitted: str = "error", progress: bool = False,
+             output: Any = None, while_live: bool = False, uncommitted: str = "error", progress: bool = False,
              batch_size: int = 2000, wait_s: float = WAIT_S) -> BackfillReport:
     """Fill ``state`` from the retained history of its source topic up to ``group``'s
     committed offsets and write its snapshots there (see the module docstring).
@@ -178,9 +177,11 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
     state's own topics: its alerts and raised set as the live state would have published
     them) or a mapping of output role to topic (``{"alerts": "backfill-alerts"}``; the alert
     state follows to ``<topic>-state``; the roles not given are not published; the topics
-    must exist); or ``sink``, a sink of ``grudge_stream.replay.runner.make_sink``. ``uncommitted``: for a partition the group never committed, where the
-    app will start (its ``auto.offset.reset``): ``earliest`` (nothing to fill) or
-    ``latest`` (the whole partition); ``error`` (default) refuses."""
+    must exist); or ``sink``, a sink of ``grudge_stream.replay.runner.make_sink``.
+    ``uncommitted``: for a partition the group never committed that holds records, where
+    the app will start (its ``auto.offset.reset``): ``earliest`` (nothing to fill) or
+    ``latest`` (the whole partition); ``error`` (default) refuses. ``while_live``: run
+    although the group has members (a first pass; ``BackfillReport.complete`` is false)."""
     from confluent_kafka import Consumer, TopicPartition
 
     from grudge_stream.checkpoint import CheckpointStore, watermarks
@@ -258,10 +259,21 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
                               f"(partition: (snapshot, committed)) {past}: it ran live past the group's position, "
                               "or the group was reset; a backfill only moves a state forward")
 
+    follower = None
+    if topology.overrides_topic:  # overrides=True: judge with the entries, as the live state does
+        from grudge_stream.overrides import start_override_follower
+        from grudge_stream.signing import SigningKeys
+
+        followed = start_override_follower(topology, bootstrap, conf, signing=SigningKeys.from_settings(settings))
+        follower = followed[1] if followed else None
     counts = {"records": 0, "applied": 0}
-    rep = replay(topology, bootstrap, start=Position("earliest"), end=Position("now"), ends=ends, sink=sink,
-                 write_snapshots=True, from_snapshot=continued, batch_size=batch_size, progress=progress,
-                 client_config=conf, apply=record_applier(state, value_of, counts))
+    try:
+        rep = replay(topology, bootstrap, start=Position("earliest"), end=Position("now"), ends=ends, sink=sink,
+                     write_snapshots=True, from_snapshot=continued, batch_size=batch_size, progress=progress,
+                     client_config=conf, apply=record_applier(state, value_of, counts))
+    finally:
+        if follower is not None:
+            follower.stop()
     report = BackfillReport(group=group, records=counts["records"], applied=counts["applied"],
                             seconds=rep.seconds, start=rep.start, end=rep.end, continued=continued,
                             outputs=rep.outputs, snapshots=rep.snapshots)
