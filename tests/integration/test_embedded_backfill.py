@@ -105,3 +105,112 @@ def test_backfill_a_state_added_to_a_running_app(scenario):
     log = after.log()
     assert "restored" in log and "were not applied to the state" not in log, after.log_text()
     assert scenario.view_raised() == res["ref_raised"]
+
+
+def test_backfill_from_python_publishes_nothing_unless_asked(kafka_bootstrap, make_topic):
+    """``state.backfill`` up to a group's offsets (a loop of one's own: its ``group.id``):
+    the snapshots equal the per-event calls byte for byte and ``assign`` returns the group's
+    offsets; nothing reaches a topic by default; ``output={"alerts": TOPIC}`` sends the
+    alerts and the raised set there only; a second run continues up to the new offsets."""
+    import uuid
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from grudge_stream.checkpoint import CheckpointStore
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+    from grudge_stream.state import ScoreState
+    from grudge_stream.topics import create_topics
+
+    topic = make_topic(2)
+    group = f"loop-{uuid.uuid4().hex[:8]}"
+    key = HashKey.parse("00112233445566778899aabbccddeeff")
+
+    def state(name):
+        return ScoreState(name, source_topic=topic, bootstrap_servers=kafka_bootstrap, hash_key=key,
+                          sketch=ScoreSketchConfig(levels=2, cells_per_level=500, decay=Exponential(0.01),
+                                                   lo=0.0, hi=1.0, hasher="siphash"),
+                          raise_at=0.5, clear_at=0.25)
+
+    def value_of(k, v):
+        return None if v == b"skip" else json.loads(v)["d"]
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(600):
+        k = b"eve" if i % 4 == 0 else f"user-{i % 23}".encode()
+        v = b"skip" if i % 17 == 0 else json.dumps({"d": 0.06 if k == b"eve" else -0.001}).encode()
+        producer.produce(topic, key=k, value=v, partition=i % 2, timestamp=1_000_000 + 10 * i)
+    producer.flush(30)
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
+    records: dict[int, list] = {0: [], 1: []}
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+        while sum(map(len, records.values())) < 600:
+            for m in c.consume(500, timeout=1):
+                if not m.error():
+                    records[m.partition()].append(m)
+
+        def commit(offsets):
+            c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+
+        commit({0: 200, 1: 300})
+    except BaseException:
+        c.close()
+        raise
+
+    def reference(name, upto):
+        ops = {}
+        for p in (0, 1):
+            op = state(name).topology.make_operator(p)
+            for m in records[p][:upto[p]]:
+                d = value_of(m.key(), m.value())
+                if d is not None:
+                    op.apply_event(m.key(), d, offset=m.offset(), timestamp_ms=m.timestamp()[1])
+            op.next_offset = upto[p]
+            ops[p] = op
+        return ops
+
+    def snapshots(s):
+        store = CheckpointStore(kafka_bootstrap, s.snapshot_topic)
+        try:
+            return {p: store.restore(s.operator_id, p, accept=lambda ref, blob: None).blob for p in (0, 1)}
+        finally:
+            store.close()
+
+    def ends(t):
+        return sum(c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)[1] for p in (0, 1))
+
+    try:
+        quiet = state(f"{topic}-quiet")
+        report = quiet.backfill(value_of, group=group)
+        assert report.complete and not report.continued and report.end == {0: 200, 1: 300}, report
+        assert report.records == 500 and report.outputs == {}, report
+        ref = reference(quiet.name, {0: 200, 1: 300})
+        for p, blob in snapshots(quiet).items():
+            op = quiet.topology.make_operator(p)
+            op.restore(blob)
+            assert op.snapshot() == ref[p].snapshot(), p
+        assert any(ref[p].latch for p in (0, 1))  # the history raised eve: there were alerts to publish
+        assert all(ends(t) == 0 for t in quiet.outputs.values()), "a backfill published without being asked"
+        live = state(quiet.name).start()
+        assert live.assign([0, 1]) == {0: 200, 1: 300}  # a loop seeks there: where its group stands
+        live.close(snapshot=False)
+
+        # Alerts elsewhere when asked; a second run continues up to the group's new offsets.
+        whatif = f"{topic}-whatif"
+        create_topics(kafka_bootstrap, {whatif: (2, {}), f"{whatif}-state": (2, {})})
+        asked = state(f"{topic}-asked")
+        first = asked.backfill(value_of, group=group, output={"alerts": whatif})
+        assert first.outputs.get("alerts", 0) > 0 and first.outputs.get("alert_state", 0) > 0, first
+        commit({0: 300, 1: 300})
+        second = asked.backfill(value_of, group=group, output={"alerts": whatif})
+        assert second.continued and second.records == 100 and second.end == {0: 300, 1: 300}, second
+        ref = reference(asked.name, {0: 300, 1: 300})
+        for p, blob in snapshots(asked).items():
+            op = asked.topology.make_operator(p)
+            op.restore(blob)
+            assert op.snapshot() == ref[p].snapshot(), p
+        assert ends(whatif) == first.outputs["alerts"] + second.outputs.get("alerts", 0)
+        assert all(ends(t) == 0 for t in asked.outputs.values()), "the state's own topics were written"
+    finally:
+        c.close()
