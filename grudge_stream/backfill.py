@@ -259,6 +259,23 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
                               f"(partition: (snapshot, committed)) {past}: it ran live past the group's position, "
                               "or the group was reset; a backfill only moves a state forward")
 
+    if continued:
+        probe = Consumer({"log_level": 3, **conf, "group.id": f"grudge-backfill-{state.name}",
+                          "enable.auto.commit": False})
+        try:
+            gone = {}
+            for p, m in manifests.items():
+                nxt = m.current.next_offset if m is not None else None
+                if nxt is not None and nxt < ends[p]:
+                    lo, _ = watermarks(probe, TopicPartition(topic, p), wait_s)
+                    if nxt < lo:
+                        gone[p] = (nxt, lo)
+        finally:
+            probe.close()
+        if gone:
+            raise ConfigError(f"state {state.name!r}'s snapshots stop before the history {topic!r} retains now "
+                              f"(partition: (snapshot, first retained)) {gone}: the records between were deleted "
+                              "(retention); backfill a state of a new name from what is retained")
     follower = None
     if topology.overrides_topic:  # overrides=True: judge with the entries, as the live state does
         from grudge_stream.overrides import start_override_follower
@@ -268,9 +285,13 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
         follower = followed[1] if followed else None
     counts = {"records": 0, "applied": 0}
     try:
+        # auto.offset.reset=error: records deleted by retention under the reader (a position
+        # below the log's new start) stop the backfill in one line; the default would jump
+        # over them, leaving a hole in the state, or wait for ever for offsets that are gone.
         rep = replay(topology, bootstrap, start=Position("earliest"), end=Position("now"), ends=ends, sink=sink,
                      write_snapshots=True, from_snapshot=continued, batch_size=batch_size, progress=progress,
-                     client_config=conf, apply=record_applier(state, value_of, counts))
+                     client_config=conf, consumer_config={"auto.offset.reset": "error"},
+                     apply=record_applier(state, value_of, counts))
     finally:
         if follower is not None:
             follower.stop()

@@ -28,7 +28,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Mapping
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite
 from grudge_stream.exceptions import ConfigError
@@ -184,6 +184,10 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
             consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(todo)])
 
         def on_error(err) -> None:
+            if err.code() == KafkaError._AUTO_OFFSET_RESET:  # consumer_config auto.offset.reset=error
+                raise ConfigError(
+                    f"records of {topic} were deleted (retention) before they were read ({err.str()}): "
+                    "the range would have a hole; run it again over what is retained now")
             raise ConfigError(f"error reading {topic}: {err}")
 
         def step(batch: Batch) -> None:

@@ -214,3 +214,64 @@ def test_backfill_from_python_publishes_nothing_unless_asked(kafka_bootstrap, ma
         assert all(ends(t) == 0 for t in asked.outputs.values()), "the state's own topics were written"
     finally:
         c.close()
+
+
+def test_records_deleted_under_a_backfill_stop_it_in_one_line(kafka_bootstrap, make_topic):
+    """Retention deletes the oldest records while they are to be read: a second pass whose
+    snapshot stops below the retained history is refused before reading, and a reader whose
+    position falls below the log's start stops with one line instead of jumping over the hole
+    (or waiting for ever for offsets that are gone)."""
+    import threading
+    import uuid
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from grudge_stream.backfill import record_applier
+    from grudge_stream.exceptions import ConfigError
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.replay.ranges import Position
+    from grudge_stream.replay.runner import replay
+    from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+    from grudge_stream.state import ScoreState
+
+    topic = make_topic(1)
+    group = f"loop-{uuid.uuid4().hex[:8]}"
+    state = ScoreState(f"{topic}-abuse", source_topic=topic, bootstrap_servers=kafka_bootstrap,
+                       hash_key=HashKey.parse("00112233445566778899aabbccddeeff"),
+                       sketch=ScoreSketchConfig(levels=2, cells_per_level=500, decay=Exponential(0.01),
+                                                lo=0.0, hi=1.0, hasher="siphash"),
+                       raise_at=0.5, clear_at=0.25)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(300):
+        producer.produce(topic, key=f"user-{i % 7}".encode(), value=b"0.01", timestamp=1_000_000 + i)
+    producer.flush(30)
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, 100)], asynchronous=False)
+        assert state.backfill(lambda k, v: float(v), group=group).end == {0: 100}
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        admin.delete_records([TopicPartition(topic, 0, 200)])[TopicPartition(topic, 0, 200)].result(30)
+        c.commit(offsets=[TopicPartition(topic, 0, 300)], asynchronous=False)
+    finally:
+        c.close()
+    with pytest.raises(ConfigError, match=r"snapshots stop before the history .* \{0: \(100, 200\)\}"):
+        state.backfill(lambda k, v: float(v), group=group)
+
+    # The reader itself, positioned below the log's start (as when retention deletes under it).
+    got: list = []
+
+    def read() -> None:
+        try:
+            replay(state.topology, kafka_bootstrap, start=Position("earliest"), end=Position("now"),
+                   from_snapshot=True, progress=False, consumer_config={"auto.offset.reset": "error"},
+                   apply=record_applier(state, lambda k, v: float(v), {"records": 0, "applied": 0}))
+            got.append(None)
+        except Exception as exc:  # noqa: BLE001 - what it raised is the test
+            got.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(60)
+    assert got, "the reader waited for deleted records"
+    assert isinstance(got[0], ConfigError) and "deleted (retention) before they were read" in str(got[0]), got
