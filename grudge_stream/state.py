@@ -28,6 +28,9 @@ state byte for byte. Driving it (docs/embedding.md):
   whenever you want to commit (commit exactly the offsets it returns), ``revoke``,
   ``close``. ``examples/own_loop.py`` is a complete one.
 
+A state added to an app that already ran is filled from its source topic's history first
+with ``state.backfill(value_of)`` or ``grudge-stream backfill`` (``grudge_stream.backfill``).
+
 What is guaranteed: a snapshot never covers an output (alert, decision) that was not
 delivered; the state a restore rebuilds, once the records after its snapshot are
 applied again, is byte-identical to a run that never stopped; events below a
@@ -158,6 +161,16 @@ class SketchState(Generic[OpT]):
         # ``(bootstrap servers, client properties, what could not be carried over)``; used for
         # whichever of bootstrap_servers / client_config was not given.
         self.app_connection: Callable[[], tuple[str, dict[str, Any], str | None]] | None = None
+        # Set by a runtime binding: the consumer group of the app (a Faust app's id), the
+        # position a backfill fills the state up to.
+        self.app_group: str | None = None
+
+    # What a backfill hands the operator for the value ``value_of`` gave (as the kind's
+    # per-event call passes it on), and whether the column pipeline applies the batch.
+    backfill_columns = False
+
+    def backfill_value(self, value: Any) -> Any:
+        return value
 
     # -- identity -------------------------------------------------------------------------------
 
@@ -317,6 +330,24 @@ class SketchState(Generic[OpT]):
         core.release(parts)
         core.record_assignment()
 
+    def backfill(self, value_of: Callable[[Any, Any], Any], *, group: str | None = None, output: Any = None,
+                 while_live: bool = False, uncommitted: str = "error", progress: bool = False) -> Any:
+        """Fill the state from the retained history of its source topic, up to the committed
+        offsets of ``group`` (default: the Faust app it is attached to), and write its
+        snapshots there, for the app to restore when it starts the state (docs/embedding.md,
+        "Backfill"). Run it before the app starts the state, with every instance of the app
+        stopped (``while_live``: a first pass while it runs, then a second one stopped).
+
+        ``value_of(key, value)``: what the app's code gives the state for a record (a delta,
+        a cost, a count; None: the state is left alone), the function its agent calls.
+        ``output``: None (publish nothing, the default), ``"live"`` (the state's own topics)
+        or ``{role: topic}``. Returns a ``grudge_stream.backfill.BackfillReport``; bad
+        arguments and refusals raise ``ConfigError``."""
+        from grudge_stream.backfill import backfill
+
+        return backfill(self, value_of, group=group, output=output, while_live=while_live,
+                        uncommitted=uncommitted, progress=progress)
+
     def close(self, *, snapshot: bool = True) -> None:
         """A last snapshot of every partition (unless ``snapshot`` is false), outputs
         delivered, clients closed."""
@@ -466,6 +497,7 @@ class ScoreState(SketchState[FeedbackScoreOperator]):
     crossings (``emit_scores``)."""
 
     kind = "scores"
+    backfill_columns = True  # update_many's pipeline
 
     def __init__(self, name: str, *, source_topic: str, sketch: Any, raise_at: float, clear_at: float,
                  hash_key: HashKey | None, alerts_topic: str | None = None, scores_topic: str | None = None,
@@ -576,6 +608,11 @@ class HeavyHitterState(SketchState[HeavyHitterOperator]):
 
     kind = "heavy_hitters"
 
+    def backfill_value(self, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"count must be an int, not {type(value).__name__}")
+        return value
+
     def __init__(self, name: str, *, source_topic: str, sketch: Any, raise_at: float, clear_at: float,
                  hash_key: HashKey | None, top_k: int = 100, alerts_topic: str | None = None,
                  reports_topic: str | None = None, report_interval_ms: int = 10_000,
@@ -615,6 +652,9 @@ class ForgettingSetState(SketchState[DedupOperator]):
     possible: a new key may be taken for a known one, at the configured rate)."""
 
     kind = "forgetting_set"
+
+    def backfill_value(self, value: Any) -> Any:
+        return None  # any value but None adds the key, as add_if_absent
 
     def __init__(self, name: str, *, source_topic: str, bloom: Any, hash_key: HashKey | None,
                  max_future_ms: int | str | None = "auto", max_late_ms: int | str | None = "auto",

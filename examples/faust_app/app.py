@@ -25,7 +25,9 @@ secret hash key, required), ``GRUDGE_QUERY_TOKEN_FILE`` (the readers' bearer tok
 ``EXAMPLE_SOURCE`` (default ``logins``), ``EXAMPLE_PARTITIONS`` (default 4, the source
 topic's partition count), ``EXAMPLE_DATADIR`` (Faust's local data, default a
 temporary directory). ``tests/integration/test_embedded_faust.py`` runs it, kills it
-with SIGKILL, and checks its state and outputs against an uninterrupted replay.
+with SIGKILL, and checks its state and outputs against an uninterrupted replay;
+``tests/integration/test_embedded_backfill.py`` adds the state to the app after the
+topic holds history, and fills it with ``grudge-stream backfill`` first.
 """
 from __future__ import annotations
 
@@ -86,13 +88,20 @@ def outcome_of(value: bytes | None) -> str | None:
     return outcome if outcome in DELTAS else None
 
 
+def delta_of(key: bytes | None, value: bytes | None) -> float | None:
+    """What a record adds to its user's score; None for a record the state is left alone on.
+    The agent below and a backfill (``grudge-stream backfill ... --value-of delta_of``) share it."""
+    outcome = outcome_of(value)
+    return DELTAS[outcome] if outcome is not None and key else None
+
+
 @app.agent(logins)
 async def judge(stream):
     async for event in stream.events():
-        outcome = outcome_of(event.value)
-        if outcome is not None and event.key:
+        delta = delta_of(event.key, event.value)
+        if delta is not None:
             # Partition, offset and event time come from the event being processed.
-            abuse.update(event.key, DELTAS[outcome])
+            abuse.update(event.key, delta)
 
 
 @app.agent(logins)

@@ -26,9 +26,9 @@ import time
 import uuid
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Callable, Mapping
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from grudge_stream.checkpoint import CheckpointStore, SnapshotWrite
 from grudge_stream.exceptions import ConfigError
@@ -115,11 +115,19 @@ class Progress:
 def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: Position,
            sink=None, write_snapshots: bool = False, from_snapshot: bool = False,
            batch_size: int = 2000, progress: bool = True, progress_stream: IO[str] | None = None,
-           consumer_config: dict | None = None, client_config: dict | None = None) -> ReplayReport:
+           consumer_config: dict | None = None, client_config: dict | None = None,
+           ends: Mapping[int, int] | None = None,
+           apply: Callable[[Any, list, list, list, list], list[OutputRecord]] | None = None) -> ReplayReport:
     """Replay ``[start, end)`` of the topology's source topic through its operators.
 
     ``client_config``: security and pass-through properties of every client it makes
-    (``grudge_stream.kafkaconf.client_config(settings)``)."""
+    (``grudge_stream.kafkaconf.client_config(settings)``). ``ends``: per partition, the end
+    offset instead of ``end``'s (a backfill's: the group's committed offsets, clamped to the
+    retained range). ``apply(operator, offsets, timestamps, keys, values)``: what a
+    partition's records are handed to instead of ``process_columns`` (embedded state,
+    grudge_stream.backfill: the user's code turns payloads into the state's values), its
+    outputs returned; the operator's ``next_offset`` is then moved past the records, as a
+    snapshot of the live state covers the records its agents saw without applying them."""
     topic = topology.source_topic
     if write_snapshots and not (from_snapshot or start.kind == "earliest"):
         raise ConfigError(
@@ -143,7 +151,11 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
     try:
         partitions = topic_partitions(consumer, topic)
         starts = resolve(consumer, topic, partitions, start)
+        ends_given = ends
         ends = resolve(consumer, topic, partitions, end)
+        if ends_given is not None:
+            marks = resolve(consumer, topic, partitions, Position("earliest"))
+            ends = {p: min(max(ends_given.get(p, ends[p]), marks[p]), ends[p]) for p in partitions}
         store = (CheckpointStore(bootstrap_servers, topology.snapshot_topic, client_config=client_config)
                  if (write_snapshots or from_snapshot) else None)
         operators = {}
@@ -172,6 +184,10 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
             consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(todo)])
 
         def on_error(err) -> None:
+            if err.code() == KafkaError._AUTO_OFFSET_RESET:  # consumer_config auto.offset.reset=error
+                raise ConfigError(
+                    f"records of {topic} were deleted (retention) before they were read ({err.str()}): "
+                    "the range would have a hole; run it again over what is retained now")
             raise ConfigError(f"error reading {topic}: {err}")
 
         def step(batch: Batch) -> None:
@@ -187,7 +203,14 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
                     chunk = chunk[:cut] if shape == RECORDS else tuple(c[:cut] for c in chunk)
                 if cut:
                     op = operators[p]
-                    out = op.process(chunk) if shape == RECORDS else op.process_columns(topic, p, *chunk)
+                    if apply is not None:
+                        out = apply(op, *chunk)
+                        if op.next_offset is None or op.next_offset < offs[cut - 1] + 1:
+                            op.next_offset = offs[cut - 1] + 1
+                    elif shape == RECORDS:
+                        out = op.process(chunk)
+                    else:
+                        out = op.process_columns(topic, p, *chunk)
                     if out and sink is not None:
                         sink.publish(out)
                     report.records += cut

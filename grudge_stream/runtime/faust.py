@@ -887,6 +887,7 @@ class FaustStates:
         state.current_position = lambda: _current_position(state)
         state.restore_on_demand = lambda p: self.restore_now(state, p)
         state.app_connection = lambda: _app_connection(self.app)
+        state.app_group = self.app.conf.id  # Faust's consumer group
         self.states[state.name] = state
         self.topics.add(state.source_topic)
         if self.web is not None:

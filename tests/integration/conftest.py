@@ -438,8 +438,9 @@ class EmbeddedScenario:
             os.environ.clear()
             os.environ.update(saved)
 
-    def start(self, name: str) -> ExampleApp:
-        app = ExampleApp(self.script, self.args, self.env, self.tmp, name)
+    def start(self, name: str, script: Path | None = None) -> ExampleApp:
+        """Run the example app (or ``script``, another app of the same environment)."""
+        app = ExampleApp(script or self.script, self.args, self.env, self.tmp, name)
         self.apps.append(app)
         return app
 
