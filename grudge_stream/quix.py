@@ -49,6 +49,11 @@ application"):
 - records below a restored snapshot's offset are skipped by the state alone; your other
   steps see them (at-least-once, as Quix gives).
 
+``serve(app, port=..., token_file=...)`` serves the states' score reads over HTTP, on a
+small server of its own while ``app.run()`` runs (Quix has none):
+``/grudge/<state>/v1/score?key=K`` on any instance, answered by the instance that holds the
+key's partition, behind the bearer tokens of ``token_file`` (``StatesServer``).
+
 Assignment and revocation come from Quix's rebalance callbacks, which Quix does not
 expose (``Application._on_assign``, ``_on_revoke``, ``_on_lost``): ``_hook_rebalance``
 wraps them, for the Quix versions in ``QUIX_SUPPORTED`` (the ``quix`` extra pins them;
