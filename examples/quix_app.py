@@ -9,18 +9,29 @@ One ``StreamingDataFrame`` reads the ``logins`` topic (JSON ``{"outcome": "bad"}
 - ``count``: logins per user in Quix's own state (RocksDB and its changelog), each new
   count written to ``<app>-login-counts``.
 
+The state's scores are read over HTTP from any instance (``grudge.serve``: Quix has no
+web server, so the binding starts a small one beside the app):
+``GET /grudge/<app>-abuse/v1/score?key=K`` with ``Authorization: Bearer <token>``,
+answered by the instance that holds the key's partition.
+
 Run it like any Quix app (``pip install 'grudge-stream[quix]'``)::
 
     export GRUDGE_SEED=$(python -c 'import secrets; print(secrets.token_hex(16))')
-    python examples/quix_app.py
+    echo "reader:$(python -c 'import secrets; print(secrets.token_urlsafe(32))')" > tokens
+    export GRUDGE_QUERY_TOKEN_FILE=$PWD/tokens
+    python examples/quix_app.py --web-port 6066
 
 Environment: ``KAFKA_BOOTSTRAP_SERVERS`` (default 127.0.0.1:9092), ``GRUDGE_SEED`` (the
 secret hash key, required), ``EXAMPLE_APP_ID`` (default ``shop-guard``, also the consumer
 group), ``EXAMPLE_SOURCE`` (default ``logins``), ``EXAMPLE_PARTITIONS`` (default 4, the
 source topic's partition count), ``EXAMPLE_DATADIR`` (Quix's state directory, default a
 temporary one), ``EXAMPLE_GUARANTEE`` (``at-least-once``, the default, or
-``exactly-once``). ``tests/integration/test_embedded_quix.py`` runs it, kills it with
-SIGKILL, and checks its state and outputs against an uninterrupted replay.
+``exactly-once``), ``GRUDGE_QUERY_TOKEN_FILE`` (the readers' bearer tokens, ``name:token``
+lines; required unless ``--web-host`` is a loopback address, the default). Arguments:
+``--web-host`` (default 127.0.0.1), ``--web-port`` (default 6066) of the live reads.
+``tests/integration/test_embedded_quix.py`` runs it, kills it with SIGKILL, and checks its
+state and outputs against an uninterrupted replay; ``test_embedded_quix_reads.py`` reads
+scores from two instances.
 """
 from __future__ import annotations
 
@@ -33,6 +44,7 @@ from quixstreams import Application
 from quixstreams.models import TopicConfig
 
 from grudge_stream import quix as grudge
+from grudge_stream.exceptions import GrudgeError
 from grudge_stream.hashkey import HashKey
 from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
 
@@ -92,6 +104,20 @@ sdf.to_topic(login_counts)
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="grudge-stream state in a Quix Streams app")
+    parser.add_argument("--web-host", default="127.0.0.1", help="address of the live reads (default 127.0.0.1)")
+    parser.add_argument("--web-port", type=int, default=6066, help="port of the live reads (default 6066)")
+    args = parser.parse_args()
     # Quix sets up its own logger; grudge-stream's (restores, snapshots) go to the root one.
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(levelname)s] [%(name)s] : %(message)s")
+    # Live reads of the state, routed to the instance that holds the key's partition:
+    # GET /grudge/<APP_ID>-abuse/v1/score?key=K, for the tokens of GRUDGE_QUERY_TOKEN_FILE
+    # (the same access rules as a worker's /v1/score).
+    try:
+        grudge.serve(app, host=args.web_host, port=args.web_port)
+    except GrudgeError as exc:  # no token file for an address others reach, say: one line, status 2
+        logging.getLogger("quix_app").error("live reads cannot be served: %s", exc)
+        raise SystemExit(2) from None
     app.run()

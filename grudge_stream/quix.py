@@ -49,6 +49,11 @@ application"):
 - records below a restored snapshot's offset are skipped by the state alone; your other
   steps see them (at-least-once, as Quix gives).
 
+``serve(app, port=..., token_file=...)`` serves the states' score reads over HTTP, on a
+small server of its own while ``app.run()`` runs (Quix has none):
+``/grudge/<state>/v1/score?key=K`` on any instance, answered by the instance that holds the
+key's partition, behind the bearer tokens of ``token_file`` (``StatesServer``).
+
 Assignment and revocation come from Quix's rebalance callbacks, which Quix does not
 expose (``Application._on_assign``, ``_on_revoke``, ``_on_lost``): ``_hook_rebalance``
 wraps them, for the Quix versions in ``QUIX_SUPPORTED`` (the ``quix`` extra pins them;
@@ -74,10 +79,16 @@ from grudge_stream.state import (
     StateNotReady,
 )
 
-__all__ = ["bind", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "QuixState", "QuixStates",
-           "QUIX_SUPPORTED", "StateNotReady"]
+__all__ = ["bind", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "serve", "QuixState", "QuixStates",
+           "StatesServer", "QUIX_SUPPORTED", "StateNotReady"]
 
 log = logging.getLogger("grudge_stream.quix")
+
+# Records applied while live reads are served: every one of the first ``SAMPLE_FIRST``
+# offsets of a partition, then one offset in ``SAMPLE_MASK + 1``, has its key checked
+# against the reads' partitioner (as the Faust binding samples).
+SAMPLE_FIRST = 256
+SAMPLE_MASK = 63
 
 # The Quix Streams versions this binding is tested with (the ``quix`` extra pins them):
 # [lowest, first unsupported).
@@ -199,6 +210,8 @@ class QuixState(Generic[S]):
         # stores an offset after every step of the record ran).
         self._positions: dict[int, int] = {}
         self._lock = threading.RLock()
+        # Live reads are served (``serve``): records are applied under the slot's lock.
+        self.served = False
 
     def __repr__(self) -> str:
         return f"<QuixState {self.state.kind} {self.name!r} of {self.source_topic!r}>"
@@ -295,10 +308,32 @@ class QuixState(Generic[S]):
                 raise ValueError(f"sdf: state {self.name!r} is bound to topic {source!r}, but its step got a "
                                  f"record of {ctx.topic!r}")
             k = key_of(value, key) if key_of is not None else key
-            result = _NOT_APPLIED if k is None else apply(k, value, ctx.partition, ctx.offset, int(timestamp))
+            if k is None:
+                result = _NOT_APPLIED
+            elif self.served:
+                result = self._apply_served(apply, k, value, ctx.partition, ctx.offset, int(timestamp))
+            else:
+                result = apply(k, value, ctx.partition, ctx.offset, int(timestamp))
             return (result, k, ctx.partition) if with_key else result
 
         return step
+
+    def _apply_served(self, apply: Callable[[Any, Any, int, int, int], Any], k: Any, value: Any, p: int, o: int,
+                      t: int) -> Any:
+        """``apply`` while live reads are served (``serve``): under the partition's slot lock,
+        which a read holds while it reads the partition, so a read never sees half a record
+        applied; and now and then the key checked against the partitioner the reads use."""
+        core = self.state.core
+        slot = core.slots.get(p) if core is not None else None
+        if slot is None:  # restored on first use, by this very call
+            return apply(k, value, p, o, t)
+        with slot.lock:
+            result = apply(k, value, p, o, t)
+        if o < SAMPLE_FIRST or not o & SAMPLE_MASK:
+            core = self.state.core
+            if core is not None and core.partition_count and isinstance(k, (bytes, str)):
+                core.partitioner_check.check(p, core.partition_count, [_key(k)])
+        return result
 
     def _applier(self, value_of: Callable[[Any], Any] | None) -> Callable[[Any, Any, int, int, int], Any]:
         st = self.state
@@ -345,10 +380,15 @@ class QuixState(Generic[S]):
                 return
             positions = {p: o for p, o in self._positions.items() if p in core.slots}
             self.state.checkpoint(positions)
+            if self.served:
+                core.record_replay()  # the members record refreshed now and then (watermarks)
 
     def assigned(self, partitions: list[int]) -> None:
         with self._lock:
             self.state.start()
+            web = self.states.web
+            if web is not None:
+                web.start_state(self)
             held = set(self.state.partitions())
             new = sorted(p for p in partitions if p not in held)
             if new:
@@ -389,17 +429,25 @@ class QuixStates:
         self.states: dict[str, QuixState[Any]] = {}
         self.assignment: set[tuple[str, int]] = set()
         self.running = False
+        # Live reads over HTTP (``serve``), or None.
+        self.web: StatesServer | None = None
         _hook_rebalance(app, self._assigned, self._revoked, self._lost)
         run = app.run
 
         def run_and_close(*args: Any, **kwargs: Any) -> Any:
+            if self.web is not None:
+                self.web.start()  # the port bound before the app joins its group
             self.running = True
             try:
                 return run(*args, **kwargs)
             finally:
                 self.running = False
-                for bound in self.states.values():
-                    bound.close()
+                try:
+                    if self.web is not None:
+                        self.web.close()
+                finally:
+                    for bound in self.states.values():
+                        bound.close()
 
         app.run = run_and_close  # type: ignore[method-assign]
 
@@ -423,6 +471,15 @@ class QuixStates:
         state.restore_on_demand = lambda p, b=bound: self._restore_now(b, p)
         self.states[state.name] = bound
         return bound
+
+    def serve(self, **options: Any) -> "StatesServer":
+        """Live reads of every state (bound now or later) on a web server of their own (``serve``)."""
+        if self.web is not None:
+            raise ValueError("app: live reads are already served for this application")
+        if self.running:
+            raise RuntimeError("serve live reads before the application runs")
+        self.web = StatesServer(self, **options)
+        return self.web
 
     def _by_topic(self, tps: Iterable[Any]) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -488,3 +545,193 @@ def heavy_hitters(app: Application, name: str, *, source: Any, **kw: Any) -> Qui
 def forgetting_set(app: Application, name: str, *, source: Any, **kw: Any) -> QuixState[ForgettingSetState]:
     """A ``ForgettingSetState`` (a set that forgets) of ``source``, bound to ``app``."""
     return bind(app, ForgettingSetState(name, source_topic=_topic_name(source), **kw))
+
+
+# -- live reads over HTTP ---------------------------------------------------------------------
+
+class _NotStarted:
+    """The API of a state that has not started yet (the app has not joined its group): every
+    score request answers 503 ``not_ready``, as on a Faust app."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    health = staticmethod(lambda path: None)
+    is_score = staticmethod(lambda path: True)
+
+    def admit(self, headers: Any, peer: str) -> tuple[None, Any]:
+        from grudge_stream.serving.http import _json
+
+        return None, _json(503, {"error": "not_ready", "message": f"state {self.name!r} has not started yet (the "
+                                 "application has not joined its group)", "retry_after_s": 1}, {"Retry-After": "1"})
+
+    def answered(self, answer: Any, t0: float) -> None:
+        pass
+
+
+class StatesServer:
+    """Live reads of a Quix application's states over HTTP (``serve``).
+
+    Quix Streams has no web server, so this is a small one of grudge-stream's own: the
+    batch worker's threaded server (``grudge_stream.serving.server``), started on a thread
+    when ``app.run()`` starts and stopped when it returns. Per state, ``<prefix>/<name>/v1/score``
+    and ``<prefix>/<name>/v1/scores``: the score query API of a worker
+    (``grudge_stream.serving``), whose access rules, parsing, routing, forwards and answers
+    are used as they are. The key's partition is computed with ``key_partitioner`` (Kafka's
+    murmur2 by default, as Quix's own producers place keys); a partition this instance
+    does not hold is asked of its owner, found in the members directory
+    ``grudge-embedded-<name>-members`` where every instance publishes the partitions it
+    holds restored and the URL it answers at, and each answer says which instance read it
+    (``served_by``, and ``forwarded_by`` when it was asked of another). While reads are
+    served, each record is applied under its partition's lock (which a read holds while
+    it reads), and the keys applied are sampled to check the partitioner; until a sampled
+    key confirmed it, answers carry ``partitioner_check``.
+    """
+
+    def __init__(self, states: QuixStates, *, port: int | None = None, host: str | None = None,
+                 token_file: str | None = None, key_partitioner: str | None = None, insecure_open: bool = False,
+                 prefix: str = "/grudge", advertised_url: str | None = None) -> None:
+        from grudge_stream.exceptions import ConfigError
+        from grudge_stream.serving import PARTITIONERS
+        from grudge_stream.settings import Settings, setting
+        from grudge_stream.webauth import QueryAccess, is_loopback, server_tls
+
+        if key_partitioner is not None and key_partitioner not in PARTITIONERS:
+            raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {key_partitioner!r}")
+        if not isinstance(prefix, str) or not prefix.startswith("/") or "?" in prefix:
+            raise ValueError(f"prefix must be a URL path starting with '/', not {prefix!r}")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+            raise ValueError(f"port must be an int from 0 to 65535 (0: any free port), not {port!r}")
+        if host is not None and (not isinstance(host, str) or not host):
+            raise ValueError(f"host must be an address to bind, not {host!r}")
+        env = Settings()
+        self.states = states
+        self.host = host if host is not None else str(setting(env, "web_host"))
+        self.port = port if port is not None else int(setting(env, "web_port"))
+        token_file = token_file or setting(env, "query_token_file")
+        if not token_file and not is_loopback(self.host) and not insecure_open:
+            raise ConfigError(
+                f"host: live reads served on {self.host} would answer anyone who reaches port {self.port} "
+                "without a token. Give serve(app, token_file=...) (or GRUDGE_QUERY_TOKEN_FILE: a file of bearer "
+                "tokens, docs/security.md), serve on a loopback address (host='127.0.0.1', the default), or "
+                "serve(app, insecure_open=True)")
+        overrides = {"web_host": self.host, "web_port": str(self.port)}
+        if token_file:
+            overrides["query_token_file"] = str(token_file)
+        if insecure_open:
+            overrides["insecure_open_queries"] = "true"
+        if advertised_url:
+            overrides["advertised_url"] = str(advertised_url)
+        self.settings = Settings(overrides, environ=env.environ)
+        try:
+            self.access = QueryAccess.from_settings(self.settings)
+        except ConfigError as exc:  # a token file that cannot be read, or holds no token
+            raise ConfigError(f"token_file: {exc}") from None
+        self.tls = server_tls(self.settings)
+        self.key_partitioner = key_partitioner
+        self.prefix = prefix.rstrip("/")
+        self.base_url = ""
+        self.server: Any = None
+        self.apis: dict[str, Any] = {}
+
+    def path(self, bound: Any) -> str:
+        """The state's path (``/v1/score`` and ``/v1/scores`` below it)."""
+        from urllib.parse import quote
+
+        return f"{self.prefix}/{quote(bound.name, safe='-._~')}"
+
+    def url(self, bound: Any) -> str:
+        """The state's URL, as other instances forward to it (once serving)."""
+        return self.base_url + self.path(bound)
+
+    def start(self) -> None:
+        """Bind the port and serve from a thread (``app.run()`` calls it first); a port that
+        cannot be bound is a ``ConfigError`` naming it, before the app joins its group."""
+        from grudge_stream.exceptions import ConfigError
+        from grudge_stream.serving.members import advertised_url
+        from grudge_stream.serving.server import WebServer
+        from grudge_stream.settings import Settings
+
+        if self.server is not None:
+            return
+        try:
+            self.server = WebServer((self.host, self.port), self.route, self.tls).start("grudge-quix-reads")
+        except OSError as exc:
+            raise ConfigError(f"port: live reads cannot be served on {self.host}:{self.port}: {exc}") from None
+        bound = {**self.settings.overrides, "web_port": str(self.server.port)}
+        self.base_url = advertised_url(Settings(bound, environ=self.settings.environ))
+        log.info("live reads of the states at %s%s/<state>/v1/score", self.base_url, self.prefix)
+
+    def route(self, path: str) -> tuple[Any, str] | None:
+        """A request's state API and the path below the state, or None (404)."""
+        from urllib.parse import unquote
+
+        from grudge_stream.serving.http import WorkerHTTP
+
+        if not path.startswith(self.prefix + "/"):
+            return None
+        name, _, rel = path[len(self.prefix) + 1:].partition("/")
+        rel = "/" + rel
+        name = unquote(name)
+        if not WorkerHTTP.is_score(rel) or name not in self.states.states:
+            return None
+        api = self.apis.get(name)
+        return (api if api is not None else _NotStarted(name)), rel
+
+    def start_state(self, bound: QuixState[Any]) -> None:
+        """A started state's queries under these access rules, answering at its URL, and its
+        members directory (Quix's assignment callback calls it). Once per start of the state."""
+        from grudge_stream.serving import PartitionerCheck
+        from grudge_stream.serving.http import WorkerHTTP
+
+        core = bound.state.core
+        if core is None or bound.name in self.apis:
+            return
+        url = self.url(bound)
+        queries = core.queries
+        queries.url = url
+        queries.access = self.access
+        if self.key_partitioner is not None and self.key_partitioner != queries.partitioner:
+            queries.partitioner = self.key_partitioner
+            core.partitioner_check = PartitionerCheck(self.key_partitioner, core.topic, core.metrics)
+            queries.partitioner_check = core.partitioner_check
+        core.start_members(url)
+        bound.served = True
+        self.apis[bound.name] = WorkerHTTP(core)
+        log.info("state %s: live reads at %s/v1/score (key_partitioner=%s)", bound.name, url, queries.partitioner)
+
+    def close(self) -> None:
+        """The port closed and every state's members directory withdrawn (a clean stop)."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+        for name in list(self.apis):
+            api = self.apis.pop(name)
+            bound = self.states.states.get(name)
+            if bound is not None:
+                bound.served = False
+            core = api.worker
+            if core.members is not None:
+                core.members.close()
+                core.members = None
+
+
+def serve(app: Application, *, port: int | None = None, host: str | None = None, token_file: str | None = None,
+          key_partitioner: str | None = None, insecure_open: bool = False, prefix: str = "/grudge",
+          advertised_url: str | None = None) -> StatesServer:
+    """Serve live reads of ``app``'s states (bound before or after) over HTTP, from any
+    instance: ``GET <prefix>/<state name>/v1/score?key=K`` (and ``/v1/scores``), answered by
+    the instance that holds the key's partition (``StatesServer``; docs/embedding.md). Quix
+    Streams has no web server: this one listens on ``host:port`` while ``app.run()`` runs.
+
+    ``port``: default the ``GRUDGE_WEB_PORT`` setting (6066; 0: any free port); ``host``:
+    the address to bind, default ``GRUDGE_WEB_HOST`` (127.0.0.1). ``token_file``: the
+    bearer tokens (``name:token`` lines, re-read when the file changes; default
+    ``GRUDGE_QUERY_TOKEN_FILE``); without one only a loopback ``host`` is served, unless
+    ``insecure_open``. ``key_partitioner``: how the source topic's producers place keys,
+    ``murmur2`` (Kafka's default, Quix's own producers, Java's) or ``crc32``
+    (librdkafka's default); default each state's setting (murmur2). ``advertised_url``:
+    the URL the other instances reach this one at (default ``http://<host>:<port>``, the
+    machine's name when ``host`` binds every address; ``GRUDGE_ADVERTISED_URL``)."""
+    return QuixStates.of(app).serve(port=port, host=host, token_file=token_file, key_partitioner=key_partitioner,
+                                    insecure_open=insecure_open, prefix=prefix, advertised_url=advertised_url)

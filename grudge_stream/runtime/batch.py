@@ -48,13 +48,13 @@ import signal
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from grudge_stream.exceptions import EXIT_FAULT, CheckpointError, ConfigError, DeliveryError, WorkerFault, exit_code
 from grudge_stream.serving import QueryGate
 from grudge_stream.serving.http import WorkerHTTP
+from grudge_stream.serving.server import WebServer
 from grudge_stream.kafkaconf import FAST_CONSUMER
 from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
@@ -150,7 +150,7 @@ class BatchWorker(WorkerCore):
         self._open_native()
         if self.exactly_once:
             self.transaction = Transaction(self.producer, self.consumer.consumer_group_metadata)
-        self._http: ThreadingHTTPServer | None = None
+        self._http: WebServer | None = None
         # Live queries ahead of processing, within a share of the loop's time (serving.QueryGate).
         self.query_gate = QueryGate(setting(settings, "query_priority_share"), self.metrics)
 
@@ -615,80 +615,6 @@ class BatchWorker(WorkerCore):
 
     def _start_http(self) -> None:
         api = WorkerHTTP(self, gate=getattr(self, "query_gate", None))
-
-        class Handler(BaseHTTPRequestHandler):
-            # Keep-alive: the other workers' forwards (serving.PeerConnections) and clients that
-            # keep their connection skip a handshake and a thread start per request.
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:  # noqa: N802
-                # A GET never reads a body: one sent anyway ends the connection after the answer.
-                self._unread = 1 if (self.headers.get("Content-Length") or "0").strip() != "0" or \
-                    self.headers.get("Transfer-Encoding") else 0
-                health = api.health(self.path)
-                if health is not None:
-                    self._send(health.status, health.body, health.content_type)
-                elif api.is_score(self.path):
-                    self._score(b"")
-                else:
-                    self._send(404, b"not found\n", "text/plain")
-
-            def do_POST(self) -> None:  # noqa: N802
-                if self.path.startswith("/v1/scores"):
-                    try:
-                        length = int(self.headers.get("Content-Length") or 0)
-                    except ValueError:
-                        length = -1
-                    if length < 0 or self.headers.get("Transfer-Encoding"):
-                        self._send(400, b'{"error": "bad_request", "message": "a body needs a valid '
-                                   b'Content-Length (no chunked encoding)"}', "application/json", close=True)
-                        return
-                    self._unread = length
-
-                    def body() -> bytes:
-                        self._unread = max(0, length - (1 << 20))
-                        return self.rfile.read(min(length, 1 << 20))
-
-                    # Read only once the token is checked (serving.ScoreQueries.prepare).
-                    self._score(body)
-                else:
-                    self._send(404, b"not found\n", "text/plain", close=True)
-
-            def _score(self, body) -> None:
-                t0 = time.perf_counter()
-                path, _, query = self.path.partition("?")
-                peer = self.client_address[0]
-                client, answer = api.admit(self.headers, peer)
-                if client is not None:
-                    # The body is read only once the token is checked, and before the request
-                    # holds the query gate; so is the answer written: a slow client holds no
-                    # one up. The work in between runs ahead of the consume loop.
-                    data = body() if callable(body) else body
-                    answer = api.score(self.command, path, query, data, self.headers, peer, client)
-                assert answer is not None
-                self._send(answer.status, answer.body, answer.content_type, dict(answer.headers))
-                api.answered(answer, t0)
-
-            def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None,
-                      close: bool = False) -> None:
-                if close or getattr(self, "_unread", 0):
-                    # A request body left unread (a refusal before it, or past 1 MiB) ends the
-                    # connection: its bytes are not the next request.
-                    self.close_connection = True
-                self.send_response(status)
-                if self.close_connection:
-                    self.send_header("Connection", "close")
-                self.send_header("Content-Type", ctype)
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
-                # Head and body in one write: one wait for the interpreter lock, not two.
-                self._headers_buffer.append(b"\r\n" + body)  # type: ignore[attr-defined]
-                self.flush_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
         if sys.getswitchinterval() > QUERY_SWITCH_INTERVAL_S:
             # The request threads share the interpreter with the consume loop: at the default
             # 5 ms, each of the dozen points where a query waits for the interpreter lock (a
@@ -697,8 +623,7 @@ class BatchWorker(WorkerCore):
             sys.setswitchinterval(QUERY_SWITCH_INTERVAL_S)
         host = setting(self.settings, "web_host")
         port = setting(self.settings, "web_port")
-        self._http = _WebServer((host, port), Handler, server_tls(self.settings))
-        threading.Thread(target=self._http.serve_forever, name="grudge-http", daemon=True).start()
+        self._http = WebServer((host, port), lambda path: (api, path), server_tls(self.settings)).start()
 
 
 def _close_quietly(consumer: Consumer) -> None:
@@ -706,31 +631,6 @@ def _close_quietly(consumer: Consumer) -> None:
         consumer.close()
     except Exception as exc:  # noqa: BLE001 - a fatal consumer may refuse even that; it is dropped
         log.debug("closing the replaced consumer: %s", exc)
-
-
-class _WebServer(ThreadingHTTPServer):
-    """The web port: a thread per connection; with ``tls`` HTTPS only, the handshake done in
-    the connection's thread (a slow or plain-text client holds up no one else)."""
-
-    daemon_threads = True
-    CONNECTION_TIMEOUT_S = 30.0
-
-    def __init__(self, address, handler, tls) -> None:
-        self.tls = tls
-        super().__init__(address, handler)
-
-    def get_request(self):
-        conn, addr = super().get_request()
-        conn.settimeout(self.CONNECTION_TIMEOUT_S)
-        if self.tls is not None:
-            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-        return conn, addr
-
-    def handle_error(self, request, client_address) -> None:
-        # A failed handshake, a plain request on the TLS port, a client gone: one debug line.
-        import sys
-
-        log.debug("web connection from %s ended: %s", client_address[0], sys.exc_info()[1])
 
 
 def run_batch_worker(topology: Topology, settings: Settings, *, create_topics: bool = True,

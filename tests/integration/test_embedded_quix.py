@@ -120,7 +120,7 @@ class QuixScenario(EmbeddedScenario):
 
 @pytest.fixture
 def scenario(kafka_bootstrap, tmp_path):
-    s = QuixScenario(kafka_bootstrap, tmp_path, EXAMPLE, [], table=None)
+    s = QuixScenario(kafka_bootstrap, tmp_path, EXAMPLE, ["--web-port", "{port}"], table=None)
     yield s
     s.close()
 
