@@ -738,7 +738,30 @@ class EmbeddedStateConsumer:
                 return False
         return super().ack(message)  # type: ignore[misc]
 
+    def resume_partitions(self, tps) -> None:
+        """Faust resumes the assigned source partitions just before it seeks them to their
+        committed offsets, at the end of a rebalance (its recovery's last step): records
+        fetched in between reach the agents, and the seek delivers them again, so every
+        agent on the topic (a Table's among them) would count them twice. A state's source
+        partitions are resumed once that seek is done instead (``perform_seek``)."""
+        states = self._grudge_states()
+        tps = set(tps)
+        if states is not None:
+            held = {tp for tp in tps if tp.topic in states.topics}
+            if held:
+                self._grudge_held = getattr(self, "_grudge_held", set()) | held
+                tps -= held
+        super().resume_partitions(tps)  # type: ignore[misc]
+
+    def _grudge_release_held(self) -> None:
+        held = getattr(self, "_grudge_held", None)
+        if held:
+            self._grudge_held = set()
+            assigned = self.assignment()  # type: ignore[attr-defined]
+            super().resume_partitions({tp for tp in held if tp in assigned})  # type: ignore[misc]
+
     async def on_partitions_revoked(self, revoked) -> None:
+        self._grudge_held = set()  # a new rebalance pauses and resumes everything again
         # Faust drops the revoked partitions' acks before the app's revocation handlers run:
         # keep them for the revocation snapshot and commit (FaustStates.on_revoked).
         states = self._grudge_states()
@@ -748,14 +771,18 @@ class EmbeddedStateConsumer:
         await super().on_partitions_revoked(revoked)  # type: ignore[misc]
 
     async def perform_seek(self) -> None:
-        await super().perform_seek()  # type: ignore[misc]
-        states = self._grudge_states()
-        # A seek while Table recovery reads the changelogs (Faust's fetch loop seeks back
-        # when a fetch comes in with the flow stopped) is not the assignment's last: the
-        # seek that ends the recovery follows, and restores. Restoring here would hold the
-        # fetch loop, which feeds the changelogs to the recovery, for the restores' time.
-        if states is not None and not getattr(self.app, "in_recovery", False):  # type: ignore[attr-defined]
-            await states.on_positioned(self)
+        try:
+            await super().perform_seek()  # type: ignore[misc]
+            states = self._grudge_states()
+            # A seek while Table recovery reads the changelogs (Faust's fetch loop seeks
+            # back when a fetch comes in with the flow stopped) is not the assignment's
+            # last: the seek that ends the recovery follows, and restores. Restoring here
+            # would hold the fetch loop, which feeds the changelogs to the recovery, for the
+            # restores' time.
+            if states is not None and not getattr(self.app, "in_recovery", False):  # type: ignore[attr-defined]
+                await states.on_positioned(self)
+        finally:
+            self._grudge_release_held()  # the source partitions flow once restored
 
     def _new_offset(self, tp):
         states = self._grudge_states()
