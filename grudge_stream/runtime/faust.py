@@ -757,8 +757,23 @@ class EmbeddedStateConsumer:
         held = getattr(self, "_grudge_held", None)
         if held:
             self._grudge_held = set()
-            assigned = self.assignment()  # type: ignore[attr-defined]
-            super().resume_partitions({tp for tp in held if tp in assigned})  # type: ignore[misc]
+            super().resume_partitions(held)  # type: ignore[misc]
+
+    def grudge_release_stale_hold(self, after_s: float = 2.0) -> None:
+        """Resume held source partitions no seek released within ``after_s`` (a seek that
+        never came or was cancelled): they must never stay paused (FaustStates.tick)."""
+        if getattr(self, "_grudge_seeking", False) or not getattr(self, "_grudge_held", None):
+            self._grudge_held_since = None
+            return
+        since = getattr(self, "_grudge_held_since", None)
+        now = time.monotonic()
+        if since is None:
+            self._grudge_held_since = now
+        elif now - since >= after_s:
+            self._grudge_held_since = None
+            log.warning("source partitions %s were held for a seek that did not come; resumed",
+                        sorted(f"{tp.topic}[{tp.partition}]" for tp in self._grudge_held))
+            self._grudge_release_held()
 
     async def on_partitions_revoked(self, revoked) -> None:
         self._grudge_held = set()  # a new rebalance pauses and resumes everything again
@@ -771,6 +786,7 @@ class EmbeddedStateConsumer:
         await super().on_partitions_revoked(revoked)  # type: ignore[misc]
 
     async def perform_seek(self) -> None:
+        self._grudge_seeking = True
         try:
             await super().perform_seek()  # type: ignore[misc]
             states = self._grudge_states()
@@ -782,6 +798,7 @@ class EmbeddedStateConsumer:
             if states is not None and not getattr(self.app, "in_recovery", False):  # type: ignore[attr-defined]
                 await states.on_positioned(self)
         finally:
+            self._grudge_seeking = False
             self._grudge_release_held()  # the source partitions flow once restored
 
     def _new_offset(self, tp):
@@ -1046,6 +1063,9 @@ class FaustStates:
     async def tick(self) -> None:
         """Start a checkpoint round in the background if one is due and none runs (a timer
         that waits for the writes would overlap itself)."""
+        consumer = getattr(self.app, "_consumer", None)  # never created here
+        if consumer is not None and hasattr(consumer, "grudge_release_stale_hold"):
+            consumer.grudge_release_stale_hold()
         if not self.started or self.stopping or self.lock.locked():
             return
         if any(s.core is not None and s.core.cadence.due() for s in self.states.values()):
