@@ -681,24 +681,16 @@ class StatesServer:
     def start_state(self, bound: QuixState[Any]) -> None:
         """A started state's queries under these access rules, answering at its URL, and its
         members directory (Quix's assignment callback calls it). Once per start of the state."""
-        from grudge_stream.serving import PartitionerCheck
-        from grudge_stream.serving.http import WorkerHTTP
+        from grudge_stream.serving.http import mount_core
 
         core = bound.state.core
         if core is None or bound.name in self.apis:
             return
         url = self.url(bound)
-        queries = core.queries
-        queries.url = url
-        queries.access = self.access
-        if self.key_partitioner is not None and self.key_partitioner != queries.partitioner:
-            queries.partitioner = self.key_partitioner
-            core.partitioner_check = PartitionerCheck(self.key_partitioner, core.topic, core.metrics)
-            queries.partitioner_check = core.partitioner_check
-        core.start_members(url)
+        self.apis[bound.name] = mount_core(core, url, self.access, self.key_partitioner)
         bound.served = True
-        self.apis[bound.name] = WorkerHTTP(core)
-        log.info("state %s: live reads at %s/v1/score (key_partitioner=%s)", bound.name, url, queries.partitioner)
+        log.info("state %s: live reads at %s/v1/score (key_partitioner=%s)", bound.name, url,
+                 core.queries.partitioner)
 
     def close(self) -> None:
         """The port closed and every state's members directory withdrawn (a clean stop)."""

@@ -56,7 +56,7 @@ from grudge_stream.kafkaconf import faust_options as faust_options_from_settings
 from grudge_stream.liveness import RecoveryStall
 from grudge_stream.operators.records import SourceRecord
 from grudge_stream.runtime.core import WorkerCore
-from grudge_stream.serving.http import WorkerHTTP
+from grudge_stream.serving.http import WorkerHTTP, mount_core
 from grudge_stream.settings import setting
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
@@ -1239,21 +1239,11 @@ class StatesWeb:
         members directory (blocking: run it in an executor). Once per state."""
         if state.name in self.apis or state.core is None:
             return
-        from grudge_stream.serving import PartitionerCheck
-
         core = state.core
         url = self.base_url + self.path(state)
-        queries = core.queries
-        queries.url = url
-        queries.access = self.access
-        if self.key_partitioner is not None and self.key_partitioner != queries.partitioner:
-            queries.partitioner = self.key_partitioner
-            core.partitioner_check = PartitionerCheck(self.key_partitioner, core.topic, core.metrics)
-            queries.partitioner_check = core.partitioner_check
-        core.start_members(url)
-        self.apis[state.name] = WorkerHTTP(core)
+        self.apis[state.name] = mount_core(core, url, self.access, self.key_partitioner)
         log.info("state %s: live reads at %s/v1/score (key_partitioner=%s)", state.name, url,
-                 queries.partitioner)
+                 core.queries.partitioner)
 
     async def respond(self, view: View, state: Any, request: Any, rel: str) -> Any:
         """One request to a state's page: refused without the token before its body is read,

@@ -113,3 +113,20 @@ class WorkerHTTP:
     def answered(self, answer: Answer, t0: float) -> None:
         """Count a score request answered (``t0``: ``time.perf_counter()`` at its arrival)."""
         self.worker.metrics.query_answered(answer.status, time.perf_counter() - t0)
+
+
+def mount_core(core: Any, url: str, access: Any, key_partitioner: str | None) -> WorkerHTTP:
+    """A core's score queries made servable at ``url`` (an embedded state's, by a Faust or
+    Quix app's ``serve``): its access rules, its key partitioner (and the check that
+    samples it), its members directory record; the HTTP flow that answers them."""
+    from grudge_stream.serving.partitioner import PartitionerCheck
+
+    queries = core.queries
+    queries.url = url
+    queries.access = access
+    if key_partitioner is not None and key_partitioner != queries.partitioner:
+        queries.partitioner = key_partitioner
+        core.partitioner_check = PartitionerCheck(key_partitioner, core.topic, core.metrics)
+        queries.partitioner_check = core.partitioner_check
+    core.start_members(url)
+    return WorkerHTTP(core)
