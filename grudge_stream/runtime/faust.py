@@ -686,6 +686,40 @@ def watch_recovery(app: Any, stall_s: Callable[[], float], stalled: Callable[[li
     return t
 
 
+def requested_partitions(active: Any) -> frozenset | None:
+    """What a fetch may return records of: the partitions Faust consumes at the moment it
+    asks (a copy), or None for "nothing, do not ask".
+
+    Faust hands aiokafka its live set of active partitions, which rebalances and
+    recoveries change while the fetch waits, and aiokafka reads an empty set as every
+    partition. A fetch that began with the changelogs active and ended after Faust paused
+    them returned the records aiokafka had prefetched for paused source partitions; Faust
+    drops records of partitions it does not consume, and the consumer's position had
+    moved past them: those records never reached an agent until the next rebalance."""
+    if active is None:
+        return None
+    copy = frozenset(active)
+    return copy if copy else None
+
+
+def fetch_requested_partitions(thread: Any) -> Any:
+    """Make ``thread`` (Faust's aiokafka consumer thread of an app with embedded state)
+    fetch records of the partitions active when a fetch asks, and nothing when none is
+    (``requested_partitions``); returns it. Its own fetch stays the one that runs."""
+    fetch = thread._fetch_records
+
+    async def fetch_requested(consumer, active_partitions, timeout=None, max_records=None):
+        if active_partitions is not None:
+            active_partitions = requested_partitions(active_partitions)
+            if active_partitions is None:
+                return {}
+        return await fetch(consumer, active_partitions, timeout=timeout, max_records=max_records)
+
+    fetch_requested.grudge_requested_partitions = True  # type: ignore[attr-defined]
+    thread._fetch_records = fetch_requested
+    return thread
+
+
 class EmbeddedStateConsumer:
     """Mixed into the consumer class of a user's Faust app by ``FaustStates``.
 
@@ -700,10 +734,17 @@ class EmbeddedStateConsumer:
       is clipped to the state's commit limit, so after a crash every record the restored
       state lacks is delivered again. Faust's own gap check runs against the acked
       position this consumer keeps, since the committed offset now trails it.
+
+    Its fetches ask for the partitions active when they ask,
+    so a record of a source partition held for a restore is never fetched and dropped
+    (``fetch_requested_partitions``).
     """
 
     def _grudge_states(self) -> "FaustStates | None":
         return getattr(self.app, "grudge_states", None)  # type: ignore[attr-defined]
+
+    def _new_consumer_thread(self):
+        return fetch_requested_partitions(super()._new_consumer_thread())  # type: ignore[misc]
 
     def grudge_acked_position(self, tp, extra=()) -> int | None:
         """The offset below which every record of ``tp`` is acked by every agent, read from
