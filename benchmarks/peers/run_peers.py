@@ -12,6 +12,9 @@ so that every size has keys to raise):
   ks-eos        the same application with processing.guarantee=exactly_once_v2
   quix          Quix Streams 3.28, stateful apply on its RocksDB state + changelog
                 (benchmarks/peers/quix_app.py, run from its own venv)
+  quix-grudge   the same Quix application with the score in grudge-stream's ScoreState
+                (grudge_stream.quix; benchmarks/peers/quix_grudge_app.py, run with the
+                project's interpreter): Quix's own state against ours, in a Quix app
   faust-table   the exact Faust Table worker (benchmarks/faust_baseline_worker.py --mode
                 table), over the first --faust-events events only (it runs at ~4k/s)
   grudge-batch  `grudge-stream worker abuse_scores --runtime batch`
@@ -74,7 +77,7 @@ KSTREAMS = HERE / "kstreams"
 CACHE = ROOT / ".cache" / "peers"
 QUIX_VENV = CACHE / "quix-venv"
 QUIX_VERSION = "3.28.1"
-SYSTEMS = ("ks", "ks-eos", "quix", "faust-table", "grudge-batch", "grudge-lean")
+SYSTEMS = ("ks", "ks-eos", "quix", "quix-grudge", "faust-table", "grudge-batch", "grudge-lean")
 # wall-clock epoch -> this process's monotonic clock (the Java and Quix workers print epoch ms)
 EPOCH_TO_MONO = time.time() - time.monotonic()
 
@@ -309,6 +312,11 @@ class System:
                    "--app-id", self.run_id, "--alerts-topic", self.alerts_topic, "--state-dir", str(self.state_dir),
                    "--expected", str(expected), "--commit-interval", str(a.commit_s), "--instance-id", self.run_id]
             w = LogLines(self.work / f"{phase}.log")
+        elif n == "quix-grudge":
+            cmd = [python(), str(HERE / "quix_grudge_app.py"), "--bootstrap", self.bs, "--topic", self.topic,
+                   "--app-id", self.run_id, "--alerts-topic", self.alerts_topic, "--state-dir", str(self.state_dir),
+                   "--expected", str(expected), "--commit-interval", str(a.commit_s), "--instance-id", self.run_id]
+            w = LogLines(self.work / f"{phase}.log")
         elif n == "faust-table":
             cmd = [python(), str(BASELINE_WORKER), "--bootstrap", self.bs, "--topic", self.topic,
                    "--partitions", str(PARTS), "--expected", str(expected), "--app-id", self.run_id,
@@ -483,7 +491,7 @@ def print_table(summary: dict) -> None:
                 continue
             ag = m.get("agreement")
             agt = "–" if not ag else f"{ag['raised']} ({ag['precision']:.2f} / {ag['recall']:.2f})"
-            print(f"| {int(keys):,} | {s} | {m['events']:,} | {m['runs']} | {fmt(m['rate'])} | "
+            print(f"| {int(str(keys).split(':')[0]):,} | {s} | {m['events']:,} | {m['runs']} | {fmt(m['rate'])} | "
                   f"{fmt(m['cpu_s_per_M'], '.1f')} | {fmt(m['events_per_cpu_s'])} | "
                   f"{fmt(m['hwm_kb'] and m['hwm_kb'] / 1024)} | {fmt(m['state_dir_bytes'] / 2**20, '.1f')} | "
                   f"{fmt(m['state_topic_bytes'] / 2**20, '.1f')} | {fmt(m['restart_kept_s'], '.1f')} | "
