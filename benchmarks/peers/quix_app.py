@@ -31,7 +31,8 @@ BAD = b'{"outcome":"bad"}'
 GOOD = b'{"outcome":"good"}'
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The arguments run_peers.py gives a Quix peer app (this one and quix_grudge_app.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--topic", required=True)
@@ -43,9 +44,12 @@ def main() -> int:
     ap.add_argument("--eos", action="store_true")
     ap.add_argument("--decay-per-s", type=float, default=0.01)
     ap.add_argument("--instance-id", default="", help="static membership (group.instance.id)")
-    args = ap.parse_args()
+    return ap
 
-    app = Application(
+
+def application(args: argparse.Namespace) -> Application:
+    """The Quix application of a peer app, configured alike for both states."""
+    return Application(
         broker_address=args.bootstrap,
         consumer_group=args.app_id,
         auto_offset_reset="earliest",
@@ -55,6 +59,11 @@ def main() -> int:
         loglevel="WARNING",
         consumer_extra_config={"group.instance.id": args.instance_id} if args.instance_id else None,
     )
+
+
+def main() -> int:
+    args = parser().parse_args()
+    app = application(args)
     source = app.topic(args.topic, key_deserializer="bytes", value_deserializer="bytes")
     alerts = app.topic(args.alerts_topic, key_serializer="bytes", value_serializer="bytes")
 

@@ -15,47 +15,24 @@ Benchmark instrumentation only: the first record prints ``FIRST <epoch_ms>
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
-from quixstreams import Application
+from quix_app import BAD, GOOD, application, parser  # the same app and arguments as Quix's own state
 
 from grudge_stream import quix as grudge
 from grudge_stream.hashkey import HashKey
 from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
 
-BAD = b'{"outcome":"bad"}'
-GOOD = b'{"outcome":"good"}'
 SEED = "2b7e151628aed2a6abf7158809cf4f3c"  # the benchmarks' fixed hash key (not a secret)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bootstrap", required=True)
-    ap.add_argument("--topic", required=True)
-    ap.add_argument("--app-id", required=True)
-    ap.add_argument("--alerts-topic", required=True)
-    ap.add_argument("--state-dir", required=True)
-    ap.add_argument("--expected", type=int, default=0)
-    ap.add_argument("--commit-interval", type=float, default=5.0)
-    ap.add_argument("--eos", action="store_true")
-    ap.add_argument("--decay-per-s", type=float, default=0.01)
+    ap = parser()
     ap.add_argument("--cells", type=int, default=100_000, help="cells per level of the sketch")
-    ap.add_argument("--instance-id", default="", help="static membership (group.instance.id)")
     args = ap.parse_args()
-
-    app = Application(
-        broker_address=args.bootstrap,
-        consumer_group=args.app_id,
-        auto_offset_reset="earliest",
-        commit_interval=args.commit_interval,
-        state_dir=args.state_dir,
-        processing_guarantee="exactly-once" if args.eos else "at-least-once",
-        loglevel="WARNING",
-        consumer_extra_config={"group.instance.id": args.instance_id} if args.instance_id else None,
-    )
+    app = application(args)
     source = app.topic(args.topic, key_deserializer="bytes", value_deserializer="bytes")
     judge = grudge.scores(
         app, f"{args.app_id}-abuse", source=source, bootstrap_servers=args.bootstrap,
