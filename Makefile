@@ -84,7 +84,10 @@ test-unit: install
 	$(BIN)/pytest tests/unit tests/property tests/golden
 
 # The supported Pythons besides the default one: the oldest (requires-python) and the newest.
-# Each gets a virtualenv of its own (.venv-<python>) with the package built and installed for it.
+# Each gets a virtualenv of its own (.venv-<python>) with the package built and installed for it,
+# one after the other (the builds share build/); then their tests run side by side, each with its
+# own log and temporary directory (they mostly wait, so they take about the time of one), and
+# each log is printed when all have ended.
 # A name pyenv knows but has not selected (its shim refuses it) is taken from pyenv's versions.
 PYTHONS ?= python3.10 python3.12 python3.13
 test-pythons:
@@ -98,8 +101,19 @@ test-pythons:
 	  v=.venv-$$py; echo "==> $$($$bin --version) in $$v"; \
 	  [ -x $$v/bin/python ] || $$bin -m venv $$v || exit 1; \
 	  rm -rf build/lib.*; $$v/bin/python -m pip install -q ".[test]" "./$(DEVKAFKA)" || exit 1; \
-	  $$v/bin/pytest -q tests/unit tests/property tests/golden || exit 1; \
-	done
+	done; \
+	mkdir -p build/test-pythons; pids=""; \
+	for py in $(PYTHONS); do \
+	  .venv-$$py/bin/pytest -q --basetemp=build/test-pythons/tmp-$$py \
+	    tests/unit tests/property tests/golden >build/test-pythons/$$py.log 2>&1 & pids="$$pids $$!"; \
+	done; \
+	failed=""; set -- $(PYTHONS); \
+	for pid in $$pids; do wait $$pid || failed="$$failed $$1"; shift; done; \
+	for py in $(PYTHONS); do \
+	  echo "==> tests under $$py"; \
+	  case " $$failed " in *" $$py "*) cat build/test-pythons/$$py.log;; *) tail -n 3 build/test-pythons/$$py.log;; esac; \
+	done; \
+	[ -z "$$failed" ] || { echo "make test-pythons: failed under$$failed (logs in build/test-pythons/)"; exit 1; }
 
 DEMO_ARGS ?=
 demo: install
