@@ -55,8 +55,77 @@ class ShortWaitConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
-class CheckpointedConsumer(AIOKafkaConsumer):
-    """Faust's consumer, positioned by snapshots and committing only what they cover."""
+class SnapshotConsumerMixin:
+    """What both consumers change in Faust's: its two private hooks where snapshots take over.
+
+    - ``perform_seek`` (after every rebalance, before any record flows): Faust's seek to
+      the committed offsets, then ``_grudge_positioned`` restores the assigned partitions
+      (and, for ``CheckpointedConsumer``, seeks them to their snapshots); the
+      ``_grudge_seek_started`` / ``_grudge_seek_ended`` hooks bracket it.
+    - ``_filter_committable_offsets`` (each commit): the offset of a partition whose
+      commits follow snapshots (``_grudge_follows_snapshots``) is the one
+      ``_grudge_commit_offset`` says, committed only if Faust's ``_should_commit`` agrees;
+      ``_grudge_faust_committable`` gives Faust's own offsets to start from.
+
+    ``_grudge_owner`` is what keeps the snapshots: the app's ``FaustRuntime`` or
+    ``FaustStates``, or None (then nothing is positioned). Mixed in before Faust's
+    consumer class.
+    """
+
+    def _grudge_owner(self) -> Any:
+        raise NotImplementedError
+
+    def _grudge_seek_started(self) -> None:
+        """Before Faust's seek (nothing by default)."""
+
+    async def _grudge_positioned(self, owner: Any) -> None:
+        """After Faust's seek, with the snapshots' owner (not None)."""
+        raise NotImplementedError
+
+    def _grudge_seek_ended(self) -> None:
+        """After Faust's seek and ``_grudge_positioned``, however they ended (nothing by default)."""
+
+    async def perform_seek(self) -> None:
+        self._grudge_seek_started()
+        try:
+            await super().perform_seek()  # type: ignore[misc]
+            owner = self._grudge_owner()
+            if owner is not None:
+                await self._grudge_positioned(owner)
+        finally:
+            self._grudge_seek_ended()
+
+    def _grudge_faust_committable(self, owner: Any, tps: list) -> dict:
+        """The offsets Faust itself would commit (from its acks); the commit starts from them."""
+        return super()._filter_committable_offsets(tps)  # type: ignore[misc, no-any-return]
+
+    def _grudge_follows_snapshots(self, owner: Any, tp: TP) -> bool:
+        raise NotImplementedError
+
+    def _grudge_commit_offset(self, owner: Any, tp: TP, faust_offset: int | None) -> int | None:
+        """The offset ``tp`` may be committed to (None: none), given Faust's own offset."""
+        raise NotImplementedError
+
+    def _filter_committable_offsets(self, tps):
+        owner = self._grudge_owner()
+        tps = list(tps)
+        out = self._grudge_faust_committable(owner, tps)
+        for tp in tps:
+            if not self._grudge_follows_snapshots(owner, tp):
+                continue
+            offset = self._grudge_commit_offset(owner, tp, out.pop(tp, None))
+            if offset is not None and self._should_commit(tp, offset):  # type: ignore[attr-defined]
+                out[tp] = offset
+        return out
+
+
+class CheckpointedConsumer(SnapshotConsumerMixin, AIOKafkaConsumer):
+    """Faust's consumer, positioned by snapshots and committing only what they cover.
+
+    After Faust's seek, the runtime restores every assigned source partition and seeks it
+    to its snapshot (``FaustRuntime.position_partitions``). Every commit is the runtime's
+    commit limit of a source partition; Faust's acks decide nothing (they are dropped).
+    """
 
     runtime: Any  # the app's FaustRuntime (grudge_stream.runtime.faust.worker)
 
@@ -71,11 +140,11 @@ class CheckpointedConsumer(AIOKafkaConsumer):
             runtime.liveness.beat()
         return await super()._wait_next_records(timeout)
 
-    async def perform_seek(self) -> None:
-        await super().perform_seek()
-        runtime = getattr(self.app, "grudge_runtime", None)
-        if runtime is not None:
-            await runtime.position_partitions(self)
+    def _grudge_owner(self) -> Any:
+        return getattr(self.app, "grudge_runtime", None)
+
+    async def _grudge_positioned(self, owner: Any) -> None:
+        await owner.position_partitions(self)
 
     async def seek_from_consumer_thread(self, tp, offset: int) -> None:
         """``seek``, run on the aiokafka consumer's own thread.
@@ -157,19 +226,19 @@ class CheckpointedConsumer(AIOKafkaConsumer):
                 return
             raise
 
-    def _filter_committable_offsets(self, tps):
-        runtime = getattr(self.app, "grudge_runtime", None)
-        limits = runtime.commit_limits if runtime is not None else {}
-        source = runtime.topic if runtime is not None else None
-        out = {}
-        for tp in tps:
-            # Faust's ack bookkeeping decides nothing here: drop it so it cannot grow.
-            self._acked[tp].clear()
-            self._acked_index[tp].clear()
-            limit = limits.get(tp.partition) if tp.topic == source else None
-            if limit is not None and self._should_commit(tp, limit):
-                out[tp] = limit
-        return out
+    def _grudge_faust_committable(self, owner: Any, tps: list) -> dict:
+        return {}  # Faust's offsets are not asked for: its acks decide nothing here
+
+    def _grudge_follows_snapshots(self, owner: Any, tp: TP) -> bool:
+        return True  # every partition offered: its acks are dropped below
+
+    def _grudge_commit_offset(self, owner: Any, tp: TP, faust_offset: int | None) -> int | None:
+        # Faust's ack bookkeeping decides nothing here: drop it so it cannot grow.
+        self._acked[tp].clear()
+        self._acked_index[tp].clear()
+        if owner is None or tp.topic != owner.topic:
+            return None
+        return owner.commit_limits.get(tp.partition)  # type: ignore[no-any-return]
 
 
 class GrudgeApp(faust.App):
@@ -215,8 +284,10 @@ def fetch_requested_partitions(thread: Any) -> Any:
     return thread
 
 
-class EmbeddedStateConsumer:
-    """Mixed into the consumer class of a user's Faust app by ``FaustStates``.
+class EmbeddedStateConsumer(SnapshotConsumerMixin):
+    """Mixed into the consumer class of a user's Faust app by ``FaustStates``
+    (``install_state_consumer``); its seek and commit hooks are those of
+    ``SnapshotConsumerMixin``, with the app's ``FaustStates`` as the snapshots' owner.
 
     Two changes, for the source topics of attached states only (every other topic of the
     app is consumed and committed exactly as Faust does it):
@@ -322,21 +393,24 @@ class EmbeddedStateConsumer:
                                    for tp in revoked if tp.topic in states.topics}
         await super().on_partitions_revoked(revoked)  # type: ignore[misc]
 
-    async def perform_seek(self) -> None:
+    def _grudge_owner(self) -> Any:
+        return self._grudge_states()
+
+    def _grudge_seek_started(self) -> None:
         self._grudge_seeking = True
-        try:
-            await super().perform_seek()  # type: ignore[misc]
-            states = self._grudge_states()
-            # A seek while Table recovery reads the changelogs (Faust's fetch loop seeks
-            # back when a fetch comes in with the flow stopped) is not the assignment's
-            # last: the seek that ends the recovery follows, and restores. Restoring here
-            # would hold the fetch loop, which feeds the changelogs to the recovery, for the
-            # restores' time.
-            if states is not None and not getattr(self.app, "in_recovery", False):  # type: ignore[attr-defined]
-                await states.on_positioned(self)
-        finally:
-            self._grudge_seeking = False
-            self._grudge_release_held()  # the source partitions flow once restored
+
+    async def _grudge_positioned(self, owner: Any) -> None:
+        # A seek while Table recovery reads the changelogs (Faust's fetch loop seeks
+        # back when a fetch comes in with the flow stopped) is not the assignment's
+        # last: the seek that ends the recovery follows, and restores. Restoring here
+        # would hold the fetch loop, which feeds the changelogs to the recovery, for the
+        # restores' time.
+        if not getattr(self.app, "in_recovery", False):  # type: ignore[attr-defined]
+            await owner.on_positioned(self)
+
+    def _grudge_seek_ended(self) -> None:
+        self._grudge_seeking = False
+        self._grudge_release_held()  # the source partitions flow once restored
 
     def _new_offset(self, tp):
         states = self._grudge_states()
@@ -365,22 +439,16 @@ class EmbeddedStateConsumer:
         finally:
             committed[tp] = saved
 
-    def _filter_committable_offsets(self, tps):
-        states = self._grudge_states()
-        if states is None:
-            return super()._filter_committable_offsets(tps)  # type: ignore[misc]
-        tps = list(tps)
-        out = super()._filter_committable_offsets(tps)  # type: ignore[misc]
-        for tp in tps:
-            if tp.topic not in states.topics:
-                continue
-            new = out.pop(tp, None)
-            if new is not None and new > states.acked_end.get(tp, -1):
-                states.acked_end[tp] = new
-            offset = states.committable(tp)
-            if offset is not None and self._should_commit(tp, offset):  # type: ignore[attr-defined]
-                out[tp] = offset
-        return out
+    # Commits: Faust's own offsets (its acks), except for the states' source topics.
+
+    def _grudge_follows_snapshots(self, owner: Any, tp: TP) -> bool:
+        return owner is not None and tp.topic in owner.topics
+
+    def _grudge_commit_offset(self, owner: Any, tp: TP, faust_offset: int | None) -> int | None:
+        # Faust's offset moves the acked position on; the commit is clipped to the snapshots.
+        if faust_offset is not None and faust_offset > owner.acked_end.get(tp, -1):
+            owner.acked_end[tp] = faust_offset
+        return owner.committable(tp)  # type: ignore[no-any-return]
 
 
 def keep_queued_events_on_resume(flow_control: Any) -> None:
@@ -424,3 +492,4 @@ def install_state_consumer(app: faust.App) -> None:
         return
     new_transport = app._new_transport
     app._new_transport = lambda: mixed(new_transport())  # type: ignore[method-assign]
+
