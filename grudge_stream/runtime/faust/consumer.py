@@ -313,6 +313,14 @@ class EmbeddedStateConsumer(SnapshotConsumerMixin):
     def _new_consumer_thread(self):
         return fetch_requested_partitions(super()._new_consumer_thread())  # type: ignore[misc]
 
+    def grudge_committed_offset(self, tp) -> int | None:
+        """The offset Faust last committed for ``tp`` (None: not known yet)."""
+        return self._committed_offset.get(tp)  # type: ignore[attr-defined, no-any-return]
+
+    async def grudge_commit(self, offsets: dict) -> None:
+        """Commit ``offsets`` (per TP) now, as Faust's own commit does."""
+        await self._commit(offsets)  # type: ignore[attr-defined]
+
     def grudge_acked_position(self, tp, extra=()) -> int | None:
         """The offset below which every record of ``tp`` is acked by every agent, read from
         Faust's ack list without consuming it (None: not known yet)."""
@@ -493,3 +501,29 @@ def install_state_consumer(app: faust.App) -> None:
     new_transport = app._new_transport
     app._new_transport = lambda: mixed(new_transport())  # type: ignore[method-assign]
 
+
+# -- Faust's and aiokafka's private attributes, read (never set) for the watchers and the states --
+
+
+def app_consumer(app: Any) -> Any:
+    """The app's consumer if it has been created, else None (``app.consumer`` would create it)."""
+    return getattr(app, "_consumer", None)
+
+
+def group_coordinator(app: Any) -> tuple[Any, Any]:
+    """aiokafka's group coordinator of the app's consumer and the event loop of the consumer's
+    thread (``(None, None)`` before the consumer runs; either may be None while it starts)."""
+    thread = getattr(app_consumer(app), "_thread", None)
+    coordinator = getattr(getattr(thread, "_consumer", None), "_coordinator", None)
+    return coordinator, getattr(thread, "thread_loop", None)
+
+
+def coordination_task(coordinator: Any) -> tuple[Any, Any]:
+    """The coordinator's task that runs the group membership, and its closing future (None if absent)."""
+    return getattr(coordinator, "_coordination_task", None), getattr(coordinator, "_closing", None)
+
+
+def table_recovery(app: Any) -> Any:
+    """Faust's Table recovery of the app, or None before the app has tables (none made here)."""
+    tables = app.__dict__.get("tables")  # never created here
+    return getattr(tables, "_recovery", None)

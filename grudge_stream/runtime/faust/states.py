@@ -22,7 +22,7 @@ from faust.types import TP
 
 from grudge_stream.exceptions import (EXIT_FAULT, EXIT_USER_ERROR, CheckpointError, ConfigError, DeliveryError,
                                      GrudgeError, WorkerFault)
-from grudge_stream.runtime.faust.consumer import install_state_consumer, keep_queued_events_on_resume
+from grudge_stream.runtime.faust.consumer import app_consumer, install_state_consumer, keep_queued_events_on_resume
 from grudge_stream.runtime.faust.watchers import request_rebalance, watch_coordination, watch_recovery
 from grudge_stream.runtime.faust.web import StatesWeb, current_position
 
@@ -42,7 +42,7 @@ class FaustStates:
     TICK_S = 0.5
 
     def __init__(self, app: faust.App) -> None:
-        if getattr(app, "_consumer", None) is not None:
+        if app_consumer(app) is not None:
             raise RuntimeError("attach sketch states to a Faust app before it starts (its consumer exists)")
         self.app = app
         self.states: dict[str, Any] = {}
@@ -186,7 +186,7 @@ class FaustStates:
                 continue
             positions = await self._run(state.assign, new)
             for p in new:
-                committed = consumer._committed_offset.get(TP(state.source_topic, p))
+                committed = consumer.grudge_committed_offset(TP(state.source_topic, p))
                 start = positions.get(p)
                 if committed is not None and start is not None and committed > start:
                     log.warning("state %s: %s[%d] was committed to %d, past its snapshot's %d: records "
@@ -252,7 +252,7 @@ class FaustStates:
     async def tick(self) -> None:
         """Start a checkpoint round in the background if one is due and none runs (a timer
         that waits for the writes would overlap itself)."""
-        consumer = getattr(self.app, "_consumer", None)  # never created here
+        consumer = app_consumer(self.app)
         if consumer is not None and hasattr(consumer, "grudge_release_stale_hold"):
             consumer.grudge_release_stale_hold()
         if not self.started or self.stopping or self.lock.locked():
@@ -311,10 +311,10 @@ class FaustStates:
                 if other.source_topic == state.source_topic:
                     own = other.commit_limit(p)
                     limit = min(limit, own) if own is not None else -1
-            if limit >= 0 and (self.consumer._committed_offset.get(tp) or 0) < limit:
+            if limit >= 0 and (self.consumer.grudge_committed_offset(tp) or 0) < limit:
                 offsets[tp] = limit
         if offsets:
-            await self.consumer._commit(offsets)
+            await self.consumer.grudge_commit(offsets)
 
     async def on_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
         self.stopping = True

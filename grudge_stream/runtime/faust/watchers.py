@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from grudge_stream.exceptions import WorkerFault
 from grudge_stream.liveness import RecoveryStall
+from grudge_stream.runtime.faust.consumer import coordination_task, group_coordinator, table_recovery
 
 # How often a thread checks that the consumer's group coordination still runs.
 COORDINATION_CHECK_S = 2.0
@@ -26,13 +27,11 @@ def coordination_failure(app: Any) -> str | None:
     aiokafka runs the group membership (joins, heartbeats, assignments) as one task; an
     error it does not expect ends that task (a static member whose rejoin met another
     incarnation's assignment, say), and the consumer goes on fetching nothing, a member in
-    name only, for ever. aiokafka's private attributes, read only (pinned by
-    tests/unit/test_group_progress.py); a consumer not started yet or closing is None."""
-    consumer = getattr(app, "_consumer", None)  # never created here
-    inner = getattr(getattr(consumer, "_thread", None), "_consumer", None)
-    coordinator = getattr(inner, "_coordinator", None)
-    task = getattr(coordinator, "_coordination_task", None)
-    closing = getattr(coordinator, "_closing", None)
+    name only, for ever. aiokafka's private attributes, read only (by
+    ``grudge_stream.runtime.faust.consumer``, pinned by tests/unit/test_group_progress.py);
+    a consumer not started yet or closing is None."""
+    coordinator, _ = group_coordinator(app)
+    task, closing = coordination_task(coordinator)
     if task is None or not task.done() or (closing is not None and closing.done()):
         return None
     if task.cancelled():
@@ -66,9 +65,9 @@ def recovery_progress(app: Any) -> tuple[bool, dict] | None:
     """Faust's Table recovery as it stands: whether it runs, and per changelog partition
     it reads for the app's active tables, ``(offset read, offset to reach)``. None before
     the app has tables, or when read mid-change (the next look gets it). Faust's private
-    attributes, read only, from any thread (pinned by tests/unit/test_group_progress.py)."""
-    tables = app.__dict__.get("tables")  # never created here
-    recovery = getattr(tables, "_recovery", None)
+    attributes, read only (``table_recovery``), from any thread (pinned by
+    tests/unit/test_group_progress.py)."""
+    recovery = table_recovery(app)
     if recovery is None:
         return None
     try:
@@ -83,9 +82,7 @@ def recovery_progress(app: Any) -> tuple[bool, dict] | None:
 def request_rebalance(app: Any) -> bool:
     """Ask the app consumer's group for a rebalance (aiokafka's rejoin, on the consumer's
     own thread); False when the consumer does not run."""
-    thread = getattr(getattr(app, "_consumer", None), "_thread", None)
-    coordinator = getattr(getattr(thread, "_consumer", None), "_coordinator", None)
-    loop = getattr(thread, "thread_loop", None)
+    coordinator, loop = group_coordinator(app)
     if coordinator is None or loop is None or loop.is_closed():
         return False
     loop.call_soon_threadsafe(coordinator.request_rejoin)
