@@ -151,7 +151,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from grudge_stream.exceptions import exit_code
-    from grudge_stream.runtime.faust import build_app
+    from grudge_stream.runtime.faust.worker import build_app
 
     from grudge_stream import logsetup
 

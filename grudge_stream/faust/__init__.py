@@ -50,7 +50,8 @@ from typing import Any
 
 import faust
 
-from grudge_stream.runtime.faust import FaustStates, StatesWeb, attach, serve
+from grudge_stream.runtime.faust.states import FaustStates, attach, serve
+from grudge_stream.runtime.faust.web import StatesWeb
 from grudge_stream.state import (
     ForgettingSetState,
     HeavyHitterState,

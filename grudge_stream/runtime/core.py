@@ -1,7 +1,7 @@
 """The runtime-neutral worker core: what both runtimes do the same way.
 
 The two adapters (``grudge_stream.runtime.batch``, the confluent-kafka consumer loop,
-and ``grudge_stream.runtime.faust``, the Faust app) differ in how records arrive and
+and ``grudge_stream.runtime.faust.worker``, the Faust app) differ in how records arrive and
 how the group is joined; everything else is here, once:
 
 - **settings**: ``setting(settings, name)`` (from ``grudge_stream.settings``) reads a
@@ -26,7 +26,7 @@ how the group is joined; everything else is here, once:
 
 Exactly-once (``exactly_once=true``) is a batch-runtime feature: the core's round runs
 inside a ``Transaction`` when the adapter gives it one. The Faust runtime refuses the
-setting — see ``grudge_stream.runtime.faust`` for the reason.
+setting — see ``grudge_stream.runtime.faust.worker`` for the reason.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "faust_app" / "app.
 def withhold_first_recovery() -> None:
     from faust.transport.consumer import Consumer
 
-    import grudge_stream.runtime.faust as binding
+    import grudge_stream.runtime.faust.states as binding
 
     binding.RECOVERY_STALL_S = float(os.environ.get("GRUDGE_TEST_STALL_S", "4"))
     resume = Consumer.resume_partitions

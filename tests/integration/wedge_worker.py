@@ -22,7 +22,7 @@ import time
 def main() -> int:
     flag = sys.argv[1]
     from grudge_stream.operators.scores import FeedbackScoreOperator
-    from grudge_stream.runtime.faust import FaustRuntime
+    from grudge_stream.runtime.faust.worker import FaustRuntime
 
     original = FeedbackScoreOperator.snapshot_taken
 

@@ -1,5 +1,5 @@
 """The fetches of a Faust app with embedded state ask for the partitions Faust consumes when
-it asks, never for "every partition" (runtime/faust.py ``requested_partitions``).
+it asks, never for "every partition" (runtime/faust/consumer.py ``requested_partitions``).
 
 Faust hands aiokafka its live set of active partitions; aiokafka reads an empty set as
 every partition, and Faust drops the records of partitions it does not consume after the
@@ -18,7 +18,7 @@ import faust.transport.consumer as faust_consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 
-from grudge_stream.runtime.faust import EmbeddedStateConsumer, fetch_requested_partitions, requested_partitions
+from grudge_stream.runtime.faust.consumer import EmbeddedStateConsumer, fetch_requested_partitions, requested_partitions
 
 
 def test_a_fetch_asks_for_a_copy_of_the_active_partitions_and_none_for_an_empty_set():

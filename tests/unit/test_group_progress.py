@@ -97,7 +97,7 @@ def test_exit_codes(exc: Exception, code: int) -> None:
 
 
 def test_the_aiokafka_attributes_the_coordination_watch_reads() -> None:
-    """runtime.faust.coordination_failure reads aiokafka's private attributes: a release that
+    """runtime.faust.watchers.coordination_failure reads aiokafka's private attributes: a release that
     renames them must fail here, not leave fenced Faust workers running idle."""
     import inspect
 
@@ -115,7 +115,7 @@ def test_coordination_failure_reads_a_finished_task() -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from grudge_stream.runtime.faust import coordination_failure
+    from grudge_stream.runtime.faust.watchers import coordination_failure
 
     async def scenario() -> tuple:
         async def boom() -> None:
@@ -171,7 +171,7 @@ def test_a_slow_recovery_that_moves_or_no_recovery_is_never_reported() -> None:
 
 
 def test_the_faust_attributes_the_recovery_watch_reads() -> None:
-    """runtime.faust.recovery_progress and request_rebalance read Faust's and aiokafka's
+    """runtime.faust.watchers.recovery_progress and request_rebalance read Faust's and aiokafka's
     private attributes: a release that renames them must fail here."""
     import inspect
 
@@ -193,7 +193,7 @@ def test_recovery_progress_reads_a_stalled_recovery_and_asks_for_a_rebalance() -
     import threading
     from types import SimpleNamespace
 
-    from grudge_stream.runtime.faust import recovery_progress, request_rebalance
+    from grudge_stream.runtime.faust.watchers import recovery_progress, request_rebalance
 
     recovery = SimpleNamespace(in_recovery=True, active_tps={"c[0]", "c[1]"},
                                active_offsets={"c[0]": -1, "c[1]": 40}, active_highwaters={"c[0]": 99, "c[1]": 40})

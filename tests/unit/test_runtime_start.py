@@ -20,7 +20,7 @@ def _topology(**settings):
 
 
 def test_build_app_refuses_exactly_once_before_connecting() -> None:
-    from grudge_stream.runtime.faust import build_app
+    from grudge_stream.runtime.faust.worker import build_app
 
     topology, settings = _topology(exactly_once="true")
     with pytest.raises(ConfigError, match="exactly_once needs the batch runtime"):
