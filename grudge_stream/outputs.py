@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from grudge_stream.exceptions import DeliveryError
 from grudge_stream.kafkaconf import producer_config
-from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
+from grudge_stream.operators.deadletters import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.records import OutputRecord
 
 log = logging.getLogger("grudge_stream.outputs")

@@ -39,8 +39,10 @@ from grudge_stream.checkpoint import CheckpointStore, SnapshotRef, SnapshotWrite
 from grudge_stream.exceptions import (ForeignDeployment, MismatchError, PartitionCountChanged,
                                      SnapshotRefused)
 from grudge_stream.metrics import Metrics
-from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator, differences, read_snapshot
+from grudge_stream.operators.base import Operator
+from grudge_stream.operators.deadletters import DEFAULT_DEAD_LETTER_LIMIT
 from grudge_stream.operators.records import OutputRecord, SourceRecord
+from grudge_stream.operators.snapshots import differences, read_snapshot
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.topology import Topology
 

@@ -43,7 +43,7 @@ from typing import Any
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.kafkaconf import FAST_CONSUMER, producer_config
 from grudge_stream.liveness import Liveness
-from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
+from grudge_stream.operators.deadletters import DEFAULT_DEAD_LETTER_LIMIT, dead_letter_record
 from grudge_stream.operators.codec import BadRecord, EventCodec
 from grudge_stream.record_checks import MAX_TIMESTAMP_MS
 from grudge_stream.kafka.transactions import Transaction, TransactionStuck

@@ -18,8 +18,9 @@ from typing import Any, Callable
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import hash_key_from_settings
-from grudge_stream.operators.base import DEFAULT_DEAD_LETTER_LIMIT, Operator, OperatorContext
+from grudge_stream.operators.base import Operator, OperatorContext
 from grudge_stream.operators.codec import EventCodec
+from grudge_stream.operators.deadletters import DEFAULT_DEAD_LETTER_LIMIT
 from grudge_stream.settings import COMMON, INDEX_SCHEME, PASSTHROUGH_PREFIXES, Setting, Settings, setting
 
 log = logging.getLogger("grudge_stream.runtime")

@@ -33,34 +33,33 @@ sequence of smaller batches gives identical outputs and identical snapshots.
 from __future__ import annotations
 
 import abc
-import base64
-import hashlib
 import time
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
 from grudge_stream import envelope
-from grudge_stream._cyext import _ingest
-from grudge_stream.exceptions import ConfigError, MismatchError, SnapshotError
+from grudge_stream.exceptions import ConfigError
 from grudge_stream.hashkey import HashKey, key_fingerprint
-from grudge_stream.operators.codec import CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, BadRecord, Event, EventCodec
+from grudge_stream.operators.codec import BadRecord, Event, EventCodec
 from grudge_stream.operators.columns import Columns, Run
-from grudge_stream.operators.records import TICK_KEY, CutBytes, DeadLetter, OutputRecord, SourceRecord, output_id
+# The dead letters, the snapshot format and the column path have modules of their own; their
+# names stay importable from here.
+from grudge_stream.operators.deadletters import (DEAD_LETTER_KEY_BYTES, DEFAULT_DEAD_LETTER_LIMIT, REASON_CLASSES,
+                                                 dead_letter_record, reason_class)
+from grudge_stream.operators.pipeline import columnar
+from grudge_stream.operators.records import TICK_KEY, OutputRecord, SourceRecord
+from grudge_stream.operators.snapshots import (SNAPSHOT_VERSION, differences, read_snapshot, restore_snapshot,
+                                               take_snapshot)
 
-SNAPSHOT_VERSION = 1
+__all__ = ["AUTO", "DEAD_LETTER_KEY_BYTES", "DEFAULT_DEAD_LETTER_LIMIT", "FUTURE_POLICIES", "LATE_POLICIES",
+           "REASON_CLASSES", "SNAPSHOT_VERSION", "Operator", "OperatorContext", "dead_letter_record",
+           "default_time_bounds", "differences", "read_snapshot", "reason_class"]
+
 FUTURE_POLICIES = ("clamp", "dead_letter")
 LATE_POLICIES = ("dead_letter", "count")
 AUTO = "auto"
-# Kafka's default max.message.bytes (1 MiB + 12) less headroom for the record framing: the
-# dead-letter budget when the runtime has not read the topic's own limit.
-DEFAULT_DEAD_LETTER_LIMIT = 1_000_000
-# Record keys up to this size are kept as the dead letter's Kafka key; longer ones are
-# replaced by their SHA-256 (the full key, cut to fit, stays in the body).
-DEAD_LETTER_KEY_BYTES = 1024
-_REASON_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -97,72 +96,6 @@ def default_time_bounds(time_scale_ms: float | None) -> tuple[int, int]:
     late = int(min(86_400_000, max(60_000, 14 * time_scale_ms)))
     return fut, late
 
-
-def _cut_field(data: bytes | None, budget_chars: int) -> tuple[CutBytes, int]:
-    """A dead-letter field for ``data``: base64 of as much as ``budget_chars`` allows, with the
-    full length and SHA-256 whenever it had to be cut. Returns (field, chars used)."""
-    if data is None:
-        return CutBytes(None), 4
-    full = -(-len(data) // 3) * 4
-    if full <= budget_chars:
-        return CutBytes(base64.b64encode(data).decode("ascii")), full + 8
-    keep = max(0, budget_chars // 4 * 3)
-    return (CutBytes(base64.b64encode(data[:keep]).decode("ascii"), len(data), hashlib.sha256(data).hexdigest()),
-            keep // 3 * 4 + 140)
-
-
-def dead_letter_record(operator_id: str, reason: str, source: dict | None, key: bytes | None,
-                       value: bytes | None, limit: int = DEFAULT_DEAD_LETTER_LIMIT,
-                       extra: dict | None = None) -> OutputRecord:
-    """A dead letter that fits in ``limit`` bytes (Kafka key + value).
-
-    The original key and value travel base64-encoded as ``key_b64`` / ``value_b64``; a
-    field that does not fit is cut, and ``key_bytes``/``key_sha256`` (``value_...``) keep
-    its length and digest so the original can be matched on the source topic at
-    ``source.partition`` / ``source.offset``.
-
-    ``id`` is the output id (docs/runtime.md, "Output ids") of the source record's dead
-    letter; without a source (an output that could not be delivered) it is a digest of the
-    operator and the output's key and value, so a re-sent copy gets the same id.
-    """
-    reason = reason if len(reason) <= _REASON_CHARS else reason[:_REASON_CHARS] + "..."
-    rkey = key
-    if key is not None and len(key) > DEAD_LETTER_KEY_BYTES:
-        rkey = b"sha256:" + hashlib.sha256(key).hexdigest().encode()
-    if source is not None and "partition" in source and "offset" in source:
-        oid = output_id(operator_id, source["partition"], source["offset"], "dead_letter", key or b"")
-    else:
-        digest = hashlib.sha256(b"%d:%s%s" % (len(key or b""), key or b"", value or b"")).digest()
-        oid = output_id(operator_id, -1, -1, "undeliverable", digest)
-    head = DeadLetter(oid, reason, operator_id, source, extra)
-    fixed = len(head.to_bytes()) + (len(rkey) if rkey else 0) + 400
-    room = max(0, limit - fixed)
-    kf, used = _cut_field(key, room if value is None else max(room // 2, room - (-(-len(value) // 3) * 4)))
-    vf, _ = _cut_field(value, room - used)
-    return head._replace(key=kf, value=vf).output(rkey)
-
-
-
-# The classes of grudge_dead_letters_by_reason_total (a dead letter's own reason is free text).
-REASON_CLASSES = ("late", "future", "time", "key", "value", "other")
-
-
-def reason_class(reason: str) -> str:
-    """A dead letter's reason, as one of ``REASON_CLASSES``: ``late`` / ``future`` (event time
-    out of bounds), ``time`` (a bad time field), ``key`` (missing, empty or too long), ``value``
-    (an unreadable payload or value field), ``other``."""
-    r = reason.lower()
-    if "behind the" in r:
-        return "late"
-    if "ahead of processing" in r:
-        return "future"
-    if "time field" in r or "timestamp" in r:
-        return "time"
-    if "key" in r:
-        return "key"
-    if "value" in r or "json" in r or "field" in r or "outcome" in r or "utf-8" in r:
-        return "value"
-    return "other"
 
 class Operator(abc.ABC):
     """Base class of every grudge-stream operator (one instance per source partition)."""
@@ -441,99 +374,10 @@ class Operator(abc.ABC):
 
     def _columnar(self, batch: Columns, limits: tuple[int | None, int | None],
                   decoded: tuple[np.ndarray, np.ndarray] | None = None) -> list[OutputRecord] | None:
-        """The column path of ``_pipeline``; None (nothing changed) for a batch with a tick.
-        ``decoded``: the values and times of events already decoded (``process_values``)."""
-        offsets, timestamps, keys, values = batch.columns()
-        n_all = len(offsets)
-        start = 0 if self.next_offset is None else bisect_left(offsets, self.next_offset)
-        if start == n_all:
-            self.skipped += start
-            return []
-        codec = self.codec
-        numeric = codec.numeric_values
-        ev_keys: list | None
-        vals: Any
-        if decoded is not None:
-            idx = np.arange(start, n_all, dtype=np.int64)
-            vals, ts = decoded[0][start:], decoded[1][start:]
-            ev_keys, bad = None, []
-        elif numeric and codec.value_only:
-            idx, vals, ts, bad = _ingest.decode_column(
-                keys, values, timestamps, start, codec._cache, codec.decode_value_or_reason,
-                codec.max_key_bytes, CACHE_MAX_ENTRIES, CACHE_MAX_VALUE_BYTES, codec.allow_empty_keys)
-            ev_keys = None  # the record keys
-            if bad and any(keys[i] == TICK_KEY and values[i] is None for i, _ in bad):
-                return None  # a tick (a quiet partition's time moving on): in its place, record by record
-        else:
-            decoded = _decode_each(codec, keys, values, timestamps, start)
-            if decoded is None:
-                return None  # a tick: record by record
-            idx, ev_keys, vals, ts, bad = decoded
-            if numeric:
-                vals = np.asarray(vals, dtype=np.float64)
-        self.skipped += start
-        tagged: list[tuple[int, int, OutputRecord]] = [
-            (offsets[i], 0, self.dead_letter(batch.record(i), reason)) for i, reason in bad]
-        keep: np.ndarray | None = None
-        if self._traits[1] and len(idx):  # type: ignore[index]
-            keep = np.ones(len(idx), dtype=bool)
-            validate = self.validate_event
-            py_vals = vals.tolist() if numeric else vals
-            for j, i in enumerate(idx.tolist()):
-                try:
-                    validate(Event(keys[i] if ev_keys is None else ev_keys[j], int(ts[j]), py_vals[j]))
-                except BadRecord as exc:
-                    keep[j] = False
-                    tagged.append((offsets[i], 0, self.dead_letter(batch.record(i), str(exc))))
-            idx, ts, vals, ev_keys = _kept(keep, idx, ts, vals, ev_keys)
-        n = len(idx)
-        if n:
-            fut_limit, late_limit = limits
-            clamp = self.future_policy == "clamp"
-            now, weighted, late, clamped, dropped = _ingest.watermark_and_weights(
-                ts, vals if numeric else np.zeros(n), self.watermark, self.late_decay_per_ms if numeric else 0.0,
-                fut_limit, clamp, late_limit)
-            self.counters["future_clamped"] += clamped
-            if dropped:
-                keep = np.ones(n, dtype=bool)
-                for j, code, t, wm in dropped:
-                    keep[j] = False
-                    if code == 2:
-                        self.counters["late_dropped"] += 1
-                        if self.late_policy == "count":
-                            continue
-                    i = int(idx[j])
-                    tagged.append((offsets[i], 0, self.dead_letter(batch.record(i),
-                                                                   self.time_reason(code, t, wm, fut_limit))))
-                idx, ts, vals, ev_keys = _kept(keep, idx, ts, vals, ev_keys)
-                n = len(idx)
-        if n:
-            if clamped:  # applied at the watermark: their time is the watermark's
-                ts = np.where(ts > fut_limit, now, ts)
-            self.watermark = int(now[-1])
-            self.counters["events"] += n
-            self.counters["late"] += late
-            if ev_keys is None:
-                ev_keys = keys[start:] if n == n_all - start else [keys[i] for i in idx.tolist()]
-            run = Run(batch, idx, ev_keys, vals, ts, now, weighted if numeric else None, tagged)
-            pos = 0
-            while pos < n:
-                end = n
-                if self._timer_intervals:
-                    # The timers fire as ``_admit`` fires them, at the first event of a segment;
-                    # the segment then runs up to the next due time (``now`` never decreases).
-                    i = int(idx[pos])
-                    timer_out: list[OutputRecord] = []
-                    self.fire_timers(int(now[pos]), batch.record(i), timer_out)
-                    run.emit(offsets[i], timer_out)
-                    due = self.next_timer()
-                    if due is not None:
-                        end = int(np.searchsorted(now, due, side="left"))
-                self.apply_columns(run, pos, end)
-                pos = end
-        self.next_offset = offsets[-1] + 1
-        tagged.sort(key=lambda x: (x[0], x[1]))
-        return [o for _, _, o in tagged]
+        """The column path of ``_pipeline`` (``grudge_stream.operators.pipeline.columnar``);
+        None (nothing changed) for a batch with a tick. ``decoded``: the values and times of
+        events already decoded (``process_values``)."""
+        return columnar(self, batch, limits, decoded)
 
     def apply_columns(self, run: Run, a: int, b: int) -> None:
         """Apply events ``a`` to ``b`` of ``run``: one segment, in which no timer falls due.
@@ -707,28 +551,8 @@ class Operator(abc.ABC):
     def snapshot_taken(self) -> Callable[[], bytes]:
         """``snapshot`` in two steps: the state copied now (at a batch boundary, on the
         loop), the blob made by calling the result (off the loop: no later processing
-        changes it)."""
-        taken = self.state_sections_taken()
-        header = {
-            "snapshot_version": SNAPSHOT_VERSION,
-            "operator_kind": self.kind,
-            "operator_id": self.operator_id,
-            "fingerprint": self.fingerprint,
-            "state_config": self.state_config(),
-            "hash_key_fingerprint": key_fingerprint(self.hash_key),
-            "source_topic": self.source_topic,
-            "partition": self.partition,
-            "next_offset": self.next_offset,
-            "watermark": self.watermark,
-            "counters": dict(self.counters),
-            "scalars": {**self.state_scalars(), **{"next_" + n: t for n, t in self.timers.items()}},
-        }
-
-        def make() -> bytes:
-            sections = [(name, data if isinstance(data, bytes) else data()) for name, data in taken]
-            header["sections"] = [[name, len(data)] for name, data in sections]
-            return envelope.pack(envelope.KIND_OPERATOR, header, b"".join(d for _, d in sections))
-        return make
+        changes it). The format: ``grudge_stream.operators.snapshots``."""
+        return take_snapshot(self)
 
     def restore(self, blob: bytes) -> None:
         """Adopt a snapshot of this very operator (same config, topic and partition).
@@ -736,115 +560,4 @@ class Operator(abc.ABC):
         Raises SnapshotError for a corrupt blob and MismatchError for one taken under
         another configuration, topic or partition; the current state is untouched then.
         """
-        header, payload = read_snapshot(blob)
-        theirs = header.get("hash_key_fingerprint")
-        if theirs is not None and theirs != key_fingerprint(self.hash_key):
-            raise MismatchError(
-                f"snapshot of {header.get('operator_id')!r} was written under another hash key "
-                f"(fingerprint {theirs}; this worker's is {key_fingerprint(self.hash_key)}). "
-                "Operator action: start the worker with the seed / seed_file that wrote it, or "
-                "replay the partition from its earliest retained offset under the new key."
-            )
-        if header.get("fingerprint") != self.fingerprint:
-            theirs_conf = header.get("state_config")
-            if isinstance(theirs_conf, dict):
-                diff = "; ".join(f"{k}: {a!r} in the snapshot, {b!r} now"
-                                 for k, a, b in differences(theirs_conf, self.state_config()))
-                what = f"settings that shape the state differ ({diff or 'fingerprint'})"
-            else:
-                what = (f"it was written by an earlier release (config fingerprint "
-                        f"{header.get('fingerprint')}, now {self.fingerprint})")
-            raise MismatchError(
-                f"snapshot of {header.get('operator_id')!r} is foreign: {what}. Operator action: "
-                "restart with the settings that wrote it, or set reset_state=true to rebuild the "
-                "state by replaying the partition from its earliest retained offset."
-            )
-        if header.get("source_topic") != self.source_topic or header.get("partition") != self.partition:
-            raise MismatchError(
-                f"snapshot is of {header.get('source_topic')}[{header.get('partition')}], "
-                f"not {self.source_topic}[{self.partition}]"
-            )
-        sections: dict[str, memoryview] = {}
-        pos = 0
-        try:
-            for name, length in header["sections"]:
-                sections[name] = payload[pos:pos + length]
-                pos += length
-            if pos != len(payload):
-                raise SnapshotError("operator snapshot sections do not cover the payload")
-            next_offset = header["next_offset"]
-            watermark = header["watermark"]
-            # Counters a snapshot of an older release lacks start at zero.
-            counters = {**{k: 0 for k in self.counters},
-                        **{k: int(v) for k, v in header["counters"].items()}}
-            timers = {n: None if header["scalars"].get("next_" + n) is None
-                      else int(header["scalars"]["next_" + n]) for n in self._timer_intervals}
-            self.load_sections(sections, header["scalars"])
-            self.timers = timers
-        except SnapshotError:
-            raise
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SnapshotError(f"operator snapshot state is invalid: {exc}") from None
-        self.next_offset = next_offset
-        self.watermark = watermark
-        self.counters = counters
-
-
-def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """(path, a's value, b's value) for every leaf where two JSON-like values differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
-        return out
-    return [] if a == b else [(path or "value", a, b)]
-
-
-def read_snapshot(blob: bytes) -> tuple[dict, memoryview]:
-    """Validate an operator snapshot and return (header, payload)."""
-    header, payload = envelope.unpack(blob, envelope.KIND_OPERATOR)
-    if header.get("snapshot_version") != SNAPSHOT_VERSION:
-        raise SnapshotError(f"operator snapshot version {header.get('snapshot_version')} is not supported")
-    for field in ("operator_id", "fingerprint", "source_topic", "partition", "next_offset", "sections"):
-        if field not in header:
-            raise SnapshotError(f"operator snapshot header lacks {field!r}")
-    return header, payload
-
-
-def _decode_each(codec: EventCodec, keys: list, values: list, timestamps: list,
-                 start: int) -> tuple[np.ndarray, list, list, np.ndarray, list[tuple[int, str]]] | None:
-    """``codec.decode`` over the records from ``start``: (positions, event keys, values,
-    event times) of the good ones, and ``(position, reason)`` of the bad ones; None when
-    a tick record is among them."""
-    idx: list[int] = []
-    ev_keys: list = []
-    vals: list = []
-    ts: list[int] = []
-    bad: list[tuple[int, str]] = []
-    decode = codec.decode
-    for i in range(start, len(keys)):
-        if values[i] is None and keys[i] == TICK_KEY:
-            return None
-        try:
-            ev = decode(keys[i], values[i], timestamps[i])
-        except BadRecord as exc:
-            bad.append((i, str(exc)))
-            continue
-        idx.append(i)
-        ev_keys.append(ev.key)
-        vals.append(ev.value)
-        ts.append(ev.ts_ms)
-    return np.array(idx, dtype=np.int64), ev_keys, vals, np.array(ts, dtype=np.int64), bad
-
-
-def _kept(keep: np.ndarray, idx: np.ndarray, ts: np.ndarray, vals: Any,
-          ev_keys: list | None) -> tuple[np.ndarray, np.ndarray, Any, list | None]:
-    """The events ``keep`` marks, of each column."""
-    if isinstance(vals, np.ndarray):
-        vals = vals[keep]
-    else:
-        vals = [v for v, k in zip(vals, keep.tolist()) if k]
-    if ev_keys is not None:
-        ev_keys = [key for key, k in zip(ev_keys, keep.tolist()) if k]
-    return idx[keep], ts[keep], vals, ev_keys
-
+        restore_snapshot(self, blob)

@@ -377,7 +377,7 @@ class DeadLetter(NamedTuple):
     """A record that could not be processed (or an output that could not be delivered):
     the ``reason``, where it came from (``source``: topic, partition, offset and record
     timestamp; None for an undeliverable output), ``extra`` fields, and the original key
-    and value (``operators.base.dead_letter_record`` cuts them to fit the topic)."""
+    and value (``operators.deadletters.dead_letter_record`` cuts them to fit the topic)."""
 
     role = "dead_letters"  # the OutputRecord role (not a field)
     to_bytes = _to_bytes

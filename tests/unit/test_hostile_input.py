@@ -14,7 +14,7 @@ from grudge_stream import ConfigError, Exponential, MismatchError, ScoreSketch
 from grudge_stream.hashing import level_indexes
 from grudge_stream.hashkey import HashKey
 from grudge_stream.operators import EventCodec, SourceRecord
-from grudge_stream.operators.base import dead_letter_record
+from grudge_stream.operators.deadletters import dead_letter_record
 from grudge_stream.operators.scores import FeedbackScoreOperator
 from grudge_stream.topology import Settings, load_topology
 

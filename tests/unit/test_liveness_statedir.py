@@ -106,7 +106,8 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     from grudge_devkafka import free_port
     from grudge_stream.metrics import Metrics
     from grudge_stream.runtime.batch import BatchWorker
-    from grudge_stream.runtime.core import ProcessingRate
+    from grudge_stream.runtime.checkpointer import SnapshotBudget
+    from grudge_stream.runtime.slots import PartitionSlots
     from grudge_stream.serving import PartitionerCheck
 
     clock = FakeClock()
@@ -115,9 +116,12 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     worker.settings = Settings({"web_port": str(port)}, environ={})
     worker.liveness = Liveness(60.0, clock=clock)
     worker.metrics = Metrics()
-    # A restored partition: what /ready reports of its restore replay.
+    # A restored partition: what /ready reports of its restore replay (the core's slots and
+    # snapshot budget parts).
+    worker.partition_slots = PartitionSlots(None, worker.metrics, partition_count=lambda: 1,
+                                            low_watermark=lambda p: 0)
+    worker.budget = SnapshotBudget(10.0, 3600.0, worker.partition_slots)
     worker.assigned, worker.slots = {0}, {0: SimpleNamespace(unsnapshotted=5000, last_snapshot_wall=0.0)}
-    worker.rate, worker.replay_budget_s = ProcessingRate(), 10.0
     worker.partitioner_check = PartitionerCheck("murmur2")
 
     class Reachable:  # the broker probe: the cluster answers

@@ -146,7 +146,7 @@ def test_bad_records_are_dead_lettered_and_touch_nothing() -> None:
     assert all(d["reason"] and d["source"]["topic"] == TOPIC for d in dead)
     assert op.sketch_bytes() == ref_op.sketch_bytes()
     # Reason classes for the metrics, outside the counters a snapshot carries.
-    from grudge_stream.operators.base import reason_class
+    from grudge_stream.operators.deadletters import reason_class
 
     classes: dict[str, int] = {}
     for d in dead:
@@ -378,7 +378,7 @@ def test_dedup_operator_window_holds_at_capacity_and_overload_goes_the_chosen_wa
 
 
 def test_dead_letter_reasons_fall_into_few_classes() -> None:
-    from grudge_stream.operators.base import REASON_CLASSES, reason_class
+    from grudge_stream.operators.deadletters import REASON_CLASSES, reason_class
 
     cases = {
         "event time 5 is 9000 ms behind the partition's watermark 9005 (limit max_late_ms=100)": "late",

@@ -5,7 +5,7 @@ import json
 import random
 
 from grudge_stream.operators import EventCodec, SourceRecord
-from grudge_stream.operators.base import dead_letter_record
+from grudge_stream.operators.deadletters import dead_letter_record
 from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.operators.knownkeys import KnownKeyOperator
 from grudge_stream.operators.records import ID_HEADER, output_id, with_id_header

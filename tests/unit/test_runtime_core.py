@@ -85,24 +85,23 @@ def test_open_transaction_wait_defaults_to_the_brokers_abort_time_and_zero_means
 def _budget_core(budget_s: float, rate: float, slots: dict, max_age_s: float = 3600.0):
     from types import SimpleNamespace
 
-    from grudge_stream.runtime.core import WorkerCore
+    from grudge_stream.runtime.checkpointer import SnapshotBudget
 
-    core = object.__new__(WorkerCore)  # only what the budget reads
-    core.replay_budget_s, core.snapshot_max_age_s = budget_s, max_age_s
-    core.rate = SimpleNamespace(per_s=rate)
-    core.slots = {p: SimpleNamespace(partition=p, dirty=dirty, unsnapshotted=n, last_snapshot_wall=wall)
-                  for p, (dirty, n, wall) in slots.items()}
-    return core
+    held = SimpleNamespace(slots={p: SimpleNamespace(partition=p, dirty=dirty, unsnapshotted=n, last_snapshot_wall=wall)
+                                  for p, (dirty, n, wall) in slots.items()})
+    budget = SnapshotBudget(budget_s, max_age_s, held)  # the worker core's budget part, on these slots
+    budget.rate = SimpleNamespace(per_s=rate)
+    return budget
 
 
 def test_the_snapshot_budget_holds_for_the_workers_whole_restore() -> None:
     # 1,000 records/s: 5 s of budget = 5,000 records over all partitions.
     core = _budget_core(5.0, 1000.0, {0: (True, 1500, 100.0), 1: (True, 1500, 100.0), 2: (True, 1000, 100.0)})
     assert core.due_snapshots(now=101.0) == [], "4,000 records: within the budget, nothing is written"
-    core.slots[2].unsnapshotted = 2500  # now 5,500: the largest go first until half the budget is left
+    core.holder.slots[2].unsnapshotted = 2500  # now 5,500: the largest go first until half the budget is left
     assert [s.partition for s in core.due_snapshots(now=101.0)] == [2, 0]
-    core.slots[1].dirty, core.slots[1].unsnapshotted = False, 0  # an idle partition is never rewritten
-    core.slots[2].unsnapshotted = 4000
+    core.holder.slots[1].dirty, core.holder.slots[1].unsnapshotted = False, 0  # an idle partition is never rewritten
+    core.holder.slots[2].unsnapshotted = 4000
     assert [s.partition for s in core.due_snapshots(now=101.0)] == [2]
     # A snapshot past snapshot_max_age_s is due whatever the budget.
     old = _budget_core(5.0, 1000.0, {0: (True, 1, 0.0), 1: (True, 1, 100.0)}, max_age_s=60.0)
@@ -117,7 +116,7 @@ def test_the_restore_budget_report_names_the_partitions_past_it() -> None:
     report = core.replay_report()
     assert report[0]["replay_records"] == 2000 and report[0]["replay_s"] == 2.0
     assert core.budget_exceeded(report) == [], "2 s is within 1.5x a 2 s budget"
-    core.slots[0].unsnapshotted = 3500
+    core.holder.slots[0].unsnapshotted = 3500
     assert core.budget_exceeded(core.replay_report()) == [0]
 
 
@@ -146,17 +145,15 @@ class _Admin:
 
 def _core_like(admin, wait_s: float, monkeypatch):
     import logging
-    import types
 
     import confluent_kafka.admin
 
-    from grudge_stream.runtime.core import WorkerCore
+    from grudge_stream.runtime.commits import GroupOffsets
 
     clients = []
     monkeypatch.setattr(confluent_kafka.admin, "AdminClient", lambda conf: clients.append(conf) or admin)
-    fake = types.SimpleNamespace(app_id="app", topic="events", log=logging.getLogger("test"),
-                                 settings=Settings({"broker_wait_s": wait_s}), client_config={})
-    return lambda partitions: WorkerCore.group_committed(fake, partitions)
+    offsets = GroupOffsets("app", "events", Settings({"broker_wait_s": wait_s}), {}, logging.getLogger("test"))
+    return offsets.committed
 
 
 def _result(offsets: dict[int, int], errors: dict | None = None):

@@ -8,7 +8,7 @@ import pytest
 
 from grudge_stream.operators import SourceRecord
 from grudge_stream.operators.alerts import AlertLatch
-from grudge_stream.operators.base import dead_letter_record
+from grudge_stream.operators.deadletters import dead_letter_record
 from grudge_stream.operators.globaltopk import GlobalTopKOperator
 from grudge_stream.operators.ratelimit import RateLimitOperator, request_id_fields, request_id_of
 from grudge_stream.operators.records import (
