@@ -86,19 +86,12 @@ def group_of(state: Any, group: str | None) -> str:
 def committed_offsets(bootstrap: str, conf: dict, group: str, topic: str, partitions: list[int],
                       wait_s: float = WAIT_S) -> dict[int, int | None]:
     """The group's committed offset of each partition of ``topic`` (None: no commit)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
+    from grudge_stream.kafka import offsets
     from grudge_stream.topics import wait_for_cluster
 
     def ask() -> dict[int, int | None]:
-        admin = AdminClient({"log_level": 3, **conf})
-        req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
-        res = admin.list_consumer_group_offsets([req], require_stable=True, request_timeout=10)[group].result(15)
-        failed = [tp.error for tp in res.topic_partitions if tp.error is not None]
-        if failed:
-            raise KafkaException(failed[0])
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in res.topic_partitions}
+        got = offsets.committed_offsets(conf, group, topic, partitions)
+        return {p: (o if o >= 0 else None) for p, o in got.items()}
 
     return wait_for_cluster(f"reading the committed offsets of group {group!r}", ask, wait_s, bootstrap)
 

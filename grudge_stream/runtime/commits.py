@@ -110,18 +110,19 @@ class GroupOffsets:
         Asked on every assignment, so it meets the cluster at its worst (a coordinator that is
         loading or moving, a broker bounced): transient answers are retried for up to
         ``broker_wait_s``, then the last one is raised (one line, exit 2 from the CLI)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-        from confluent_kafka.admin import AdminClient
+        from confluent_kafka import KafkaError, KafkaException
 
+        from grudge_stream.kafka.offsets import committed_offsets
         from grudge_stream.topics import transient
 
+        partitions = list(partitions)
         if not partitions:
             return {}
-        req = ConsumerGroupTopicPartitions(self.app_id, [TopicPartition(self.topic, p) for p in partitions])
-        # require_stable: while a transaction holding offsets of these partitions is open (a
-        # crashed predecessor's, or one the broker is aborting after an outage), the broker
-        # answers UNSTABLE_OFFSET_COMMIT instead of an offset that may move back or forward
-        # once it ends (KIP-447); that wait is bounded by the transaction's timeout.
+        # Stable offsets only: while a transaction holding offsets of these partitions is open
+        # (a crashed predecessor's, or one the broker is aborting after an outage), the broker
+        # answers UNSTABLE_OFFSET_COMMIT instead of an offset that may move back or forward once
+        # it ends (KIP-447), and the read times out; that wait is bounded by the transaction's
+        # timeout, so a timeout is retried for the longer of the two waits.
         t0 = time.monotonic()
         deadline = t0 + setting(self.settings, "broker_wait_s")
         unstable_deadline = max(deadline, t0 + open_transaction_wait(self.settings))
@@ -129,16 +130,12 @@ class GroupOffsets:
         while True:
             try:
                 # A client per attempt: one kept across a broker outage kept timing out after it.
-                admin = AdminClient({"log_level": 3, **self.client_config})
-                res = admin.list_consumer_group_offsets([req], require_stable=True,
-                                                        request_timeout=10)[self.app_id].result(15)
-                failed = [tp.error for tp in res.topic_partitions if tp.error is not None]
-                if failed:  # a coordinator still loading answers per partition: never read as "no commit"
-                    raise KafkaException(failed[0])
-                return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
-            except (KafkaException, TimeoutError) as exc:
+                got = committed_offsets(self.client_config, self.app_id, self.topic, partitions)
+                return {p: o for p, o in got.items() if o >= 0}
+            except KafkaException as exc:
                 now = time.monotonic()
-                unstable = isinstance(exc, KafkaException) and exc.args[0].code() == KafkaError.UNSTABLE_OFFSET_COMMIT
+                code = exc.args[0].code()
+                unstable = code in (KafkaError.UNSTABLE_OFFSET_COMMIT, KafkaError._TIMED_OUT)
                 if not transient(exc) or now + delay > (unstable_deadline if unstable else deadline):
                     raise
                 if now - warned >= 15:

@@ -120,38 +120,37 @@ def test_the_restore_budget_report_names_the_partitions_past_it() -> None:
     assert core.budget_exceeded(core.replay_report()) == [0]
 
 
-class _Future:
-    def __init__(self, answer) -> None:
-        self.answer = answer
-
-    def result(self, timeout=None):
-        if isinstance(self.answer, BaseException):
-            raise self.answer
-        return self.answer
-
-
-class _Admin:
-    """Answers list_consumer_group_offsets from a script: an exception or a result per call."""
+class _Consumer:
+    """Answers committed() from a script: an exception or a list of partitions per call."""
 
     def __init__(self, answers) -> None:
         self.answers = list(answers)
         self.calls = 0
+        self.confs: list[dict] = []
 
-    def list_consumer_group_offsets(self, requests, request_timeout=None, require_stable=False):
-        assert require_stable  # never an offset a transaction still open may move
+    def __call__(self, conf):  # stands in for confluent_kafka.Consumer: one per attempt
+        self.confs.append(conf)
+        return self
+
+    def committed(self, partitions, timeout=None):
         self.calls += 1
-        return {requests[0].group_id: _Future(self.answers.pop(0))}
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        pass
 
 
-def _core_like(admin, wait_s: float, monkeypatch):
+def _core_like(consumer, wait_s: float, monkeypatch):
     import logging
 
-    import confluent_kafka.admin
+    import confluent_kafka
 
     from grudge_stream.runtime.commits import GroupOffsets
 
-    clients = []
-    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", lambda conf: clients.append(conf) or admin)
+    monkeypatch.setattr(confluent_kafka, "Consumer", consumer)
     offsets = GroupOffsets("app", "events", Settings({"broker_wait_s": wait_s}), {}, logging.getLogger("test"))
     return offsets.committed
 
@@ -159,26 +158,30 @@ def _core_like(admin, wait_s: float, monkeypatch):
 def _result(offsets: dict[int, int], errors: dict | None = None):
     import types
 
-    tps = [types.SimpleNamespace(topic="events", partition=p, offset=o, error=(errors or {}).get(p))
-           for p, o in offsets.items()]
-    return types.SimpleNamespace(topic_partitions=tps)
+    return [types.SimpleNamespace(topic="events", partition=p, offset=o, error=(errors or {}).get(p))
+            for p, o in offsets.items()]
 
 
 def test_group_committed_waits_out_an_open_transactions_offsets_never_reading_them_as_none(monkeypatch) -> None:
-    from confluent_kafka import KafkaError
+    from confluent_kafka import KafkaError, KafkaException
 
     unstable = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT)
-    admin = _Admin([_result({0: -1001, 1: 40}, errors={0: unstable}), _result({0: 12, 1: 40})])
+    admin = _Consumer([_result({0: -1001, 1: 40}, errors={0: unstable}), _result({0: 12, 1: 40})])
     # broker_wait_s 0.1 is over before the retry: an open transaction is waited out for longer
     assert _core_like(admin, 0.1, monkeypatch)([0, 1]) == {0: 12, 1: 40}
     assert admin.calls == 2
+    # the group's own consumer (never joining it), asking for stable offsets only
+    assert admin.confs[0]["group.id"] == "app" and admin.confs[0]["isolation.level"] == "read_committed"
+    # an open transaction's offsets, as librdkafka's consumer reports them: a timeout, waited out too
+    admin = _Consumer([KafkaException(KafkaError(KafkaError._TIMED_OUT)), _result({0: 12})])
+    assert _core_like(admin, 0.1, monkeypatch)([0]) == {0: 12}
 
 
 def test_group_committed_retries_a_loading_coordinator_then_answers(monkeypatch) -> None:
     from confluent_kafka import KafkaError, KafkaException
 
     loading = KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS))
-    admin = _Admin([loading, TimeoutError(), _result({0: 17, 1: -1001})])
+    admin = _Consumer([loading, KafkaException(KafkaError(KafkaError.NOT_COORDINATOR)), _result({0: 17, 1: -1001})])
     assert _core_like(admin, 30.0, monkeypatch)([0, 1]) == {0: 17}  # partition 1 has no committed offset
     assert admin.calls == 3
 
@@ -187,12 +190,12 @@ def test_group_committed_gives_up_after_broker_wait_s_and_at_once_on_a_refusal(m
     from confluent_kafka import KafkaError, KafkaException
 
     down = KafkaException(KafkaError(KafkaError._TRANSPORT))
-    admin = _Admin([down] * 50)
+    admin = _Consumer([down] * 50)
     with pytest.raises(KafkaException):
         _core_like(admin, 0.6, monkeypatch)([0])
     assert 2 <= admin.calls <= 4  # retried with backoff, within broker_wait_s
     refused = KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
-    admin = _Admin([refused, _result({0: 1})])
+    admin = _Consumer([refused, _result({0: 1})])
     with pytest.raises(KafkaException):
         _core_like(admin, 30.0, monkeypatch)([0])
     assert admin.calls == 1
