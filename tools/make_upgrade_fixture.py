@@ -319,7 +319,7 @@ def is_the_release() -> bool:
     for rel in ("cli.py", "checkpoint/format.py", "checkpoint/store.py", "operators/base.py", "topology.py"):
         want = subprocess.run(["git", "-C", str(root), "show", f"{COMMIT}:grudge_stream/{rel}"],
                               capture_output=True, check=True).stdout
-        if (pkg / rel).read_bytes() != want:
+        if not (pkg / rel).is_file() or (pkg / rel).read_bytes() != want:  # a module since split
             return False
     return True
 

@@ -3,7 +3,10 @@
 - ``grudge_stream.checkpoint.format``: the records — keys, chunk headers, manifests,
   snapshot refs. Pure, no Kafka client.
 - ``grudge_stream.checkpoint.store``: the Kafka I/O — ``CheckpointStore`` writes and
-  restores snapshots, ``watermarks`` asks a partition for its offsets.
+  restores snapshots;
+- ``grudge_stream.checkpoint.transactions``: how a restore finds the newest manifest past
+  other producers' open transactions (the store's part that waits for them);
+- ``grudge_stream.checkpoint.offsets``: ``watermarks`` asks a partition for its offsets.
 
 The store (and confluent-kafka with it) loads on first use of one of its names, so
 importing the format alone stays light.
@@ -29,23 +32,23 @@ from grudge_stream.checkpoint.format import (
 )
 
 _STORE = "grudge_stream.checkpoint.store"
-_LAZY = {name: _STORE for name in (
-    "BROKER_ABORT_CHECK_INTERVAL_S", "DEFAULT_OPEN_TRANSACTION_WAIT_S", "DEFAULT_TRANSACTION_TIMEOUT_S",
-    "OPEN_TRANSACTION_MARGIN_S", "SNAPSHOT_TOPIC_CONFIG", "CheckpointStore", "RestoreResult", "SnapshotWrite",
-    "watermarks",
-)}
+_TRANSACTIONS = "grudge_stream.checkpoint.transactions"
+_LAZY = {
+    **{name: _STORE for name in ("SNAPSHOT_TOPIC_CONFIG", "CheckpointStore", "RestoreResult", "SnapshotWrite")},
+    **{name: _TRANSACTIONS for name in (
+        "BROKER_ABORT_CHECK_INTERVAL_S", "DEFAULT_OPEN_TRANSACTION_WAIT_S", "DEFAULT_TRANSACTION_TIMEOUT_S",
+        "OPEN_TRANSACTION_MARGIN_S")},
+    "watermarks": "grudge_stream.checkpoint.offsets",
+}
 
 if TYPE_CHECKING:
-    from grudge_stream.checkpoint.store import (
+    from grudge_stream.checkpoint.offsets import watermarks
+    from grudge_stream.checkpoint.store import SNAPSHOT_TOPIC_CONFIG, CheckpointStore, RestoreResult, SnapshotWrite
+    from grudge_stream.checkpoint.transactions import (
         BROKER_ABORT_CHECK_INTERVAL_S,
         DEFAULT_OPEN_TRANSACTION_WAIT_S,
         DEFAULT_TRANSACTION_TIMEOUT_S,
         OPEN_TRANSACTION_MARGIN_S,
-        SNAPSHOT_TOPIC_CONFIG,
-        CheckpointStore,
-        RestoreResult,
-        SnapshotWrite,
-        watermarks,
     )
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

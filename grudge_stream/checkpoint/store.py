@@ -15,15 +15,10 @@ the newest manifest (scanning backwards from the end of the partition) and
 the chunks it names — never the whole history — and falls back to the
 previous generation when the newest fails its checks.
 
-Restore reads ``read_committed``, and such a reader stops at the partition's
-last stable offset (LSO): before the first record of the oldest transaction
-still open there. A manifest committed *after* another producer's open
-transaction (a crashed exactly-once worker's, say) is invisible until that
-transaction ends, so restore first compares the LSO with the log end and,
-when a manifest of the partition being restored lies between them, waits a
-bounded time (``open_transaction_wait_s``) for the open transaction to end —
-the broker aborts it after its ``transaction.timeout.ms`` — and raises
-``CheckpointError`` rather than adopt the stale older snapshot.
+Restore reads ``read_committed`` and waits, a bounded time, for another
+producer's open transaction that hides a newer manifest rather than adopt an
+older snapshot (``grudge_stream.checkpoint.transactions``). ``watermarks``
+(``grudge_stream.checkpoint.offsets``) asks a partition for its offsets.
 """
 from __future__ import annotations
 
@@ -42,27 +37,17 @@ from grudge_stream.checkpoint.format import (
     DEFAULT_CHUNK_BYTES, Manifest, SnapshotRef, chunk_key, decode_chunk, encode_chunk, join_chunks,
     manifest_key,
 )
+from grudge_stream.checkpoint.offsets import watermarks  # noqa: F401 - importable from here too
+from grudge_stream.checkpoint.transactions import (  # noqa: F401 - the constants importable from here too
+    BROKER_ABORT_CHECK_INTERVAL_S, DEFAULT_OPEN_TRANSACTION_WAIT_S, DEFAULT_TRANSACTION_TIMEOUT_S,
+    OPEN_TRANSACTION_MARGIN_S, OpenTransactionReads,
+)
 from grudge_stream.exceptions import CheckpointError, ConfigError, SnapshotError
 from grudge_stream.hashing import crc32c
 from grudge_stream.kafkaconf import PRODUCER_MAX_MESSAGE_BYTES
 from grudge_stream.kafkaconf import producer_config as kafka_producer_config
 
 log = logging.getLogger("grudge_stream.checkpoint")
-
-# How long a restore waits for another producer's transaction that hides a newer manifest
-# (module docstring, docs/checkpoints.md "Open transactions"). The broker aborts a transaction
-# whose producer went away once its transaction.timeout.ms has passed, checking every
-# transaction.abort.timed.out.transaction.cleanup.interval.ms; then the abort markers are
-# written. Defaults: the batch runtime's transaction_timeout_s (60 s), Kafka's check interval
-# (10 s), and a margin for the markers, a busy coordinator and the clock skew of a takeover.
-DEFAULT_TRANSACTION_TIMEOUT_S = 60.0
-BROKER_ABORT_CHECK_INTERVAL_S = 10.0
-OPEN_TRANSACTION_MARGIN_S = 20.0
-DEFAULT_OPEN_TRANSACTION_WAIT_S = (DEFAULT_TRANSACTION_TIMEOUT_S + BROKER_ABORT_CHECK_INTERVAL_S
-                                   + OPEN_TRANSACTION_MARGIN_S)
-# Commit markers trail a commit by milliseconds: stay quiet for this long before warning.
-_OPEN_TRANSACTION_GRACE_S = 1.0
-_OPEN_TRANSACTION_PROGRESS_S = 10.0
 
 # Compaction settings that keep the snapshot topic small: short segments so the active
 # segment rolls and becomes cleanable, and an eager cleaner.
@@ -117,52 +102,7 @@ class RestoreResult:
     manifest: Manifest | None = None
 
 
-# A topic that was just created, a leader that is moving, metadata that is briefly stale
-# (_UNKNOWN_PARTITION: the client's metadata lacks the partition during a broker bounce), brokers
-# briefly unreachable: all pass in seconds on a healthy cluster.
-_RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
-              KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError._ALL_BROKERS_DOWN,
-              KafkaError._WAIT_COORD, KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
-              KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
-              KafkaError.OFFSET_NOT_AVAILABLE}
-
-
-# Errors that mean the client's metadata is stale: it is refreshed before the next try.
-_STALE_METADATA = {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.NOT_LEADER_FOR_PARTITION,
-                   KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-                   KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH}
-
-
-def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
-    """``(low, high)`` offsets of a partition, retrying the transient errors of a topic that was
-    just created or whose leader is moving.
-
-    On stale metadata it asks the consumer for the topic's metadata (``list_topics``): a
-    consumer not assigned the partition never refreshes it otherwise, and kept answering
-    ``_UNKNOWN_PARTITION`` for longer than the timeout after a broker's kill -9. So never pass
-    a consumer from inside one of its own callbacks (confluent-kafka aborts; see
-    runtime/batch.py)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while True:
-        try:
-            return consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()),
-                                                  cached=False)
-        except KafkaException as exc:
-            code = exc.args[0].code()
-            if code not in _RETRIABLE or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-            if code in _STALE_METADATA:
-                try:
-                    consumer.list_topics(tp.topic, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-                except KafkaException:
-                    pass  # the next try says what is wrong
-
-
-class CheckpointStore:
+class CheckpointStore(OpenTransactionReads):
     """Write and read operator snapshots on one compacted topic."""
 
     def __init__(self, bootstrap_servers: str, topic: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -472,110 +412,6 @@ class CheckpointStore:
         finally:
             if own:
                 consumer.close()
-
-    # -- open transactions ----------------------------------------------------------------------
-
-    def _peek_consumer(self) -> Consumer:
-        if self._peeker is None:
-            self._peeker = Consumer({**self._consumer_config, "isolation.level": "read_uncommitted"})
-        return self._peeker
-
-    def _log_end(self, sp: int) -> int:
-        """The true end of snapshot partition ``sp`` (its high watermark), open transactions
-        included; ``watermarks`` of the read_committed reader gives the last stable offset."""
-        with self._peeker_lock:
-            return watermarks(self._peek_consumer(), TopicPartition(self.topic, sp), self.timeout_s)[1]
-
-    def _manifest_between(self, sp: int, key: bytes, start: int, end: int) -> int | None:
-        """Offset of the first record keyed ``key`` in [start, end) of ``sp``, read uncommitted
-        (open, aborted and committed alike), or None."""
-        with self._peeker_lock:
-            peeker = self._peek_consumer()
-            try:
-                for m in self._read_range(peeker, sp, start, end):
-                    if m.key() == key:
-                        return m.offset()
-            finally:
-                peeker.unassign()  # the reader is kept: no fetching in the background
-        return None
-
-    def _committed_end(self, consumer: Consumer, operator_id: str, partition: int, sp: int,
-                       key: bytes) -> tuple[int, int]:
-        """``(low, end)``: reading [low, end) read_committed finds the newest committed manifest.
-
-        A read_committed reader sees the partition up to its last stable offset (LSO), the
-        first offset of the oldest transaction still open there. Records past it — among
-        them manifests other producers committed after that transaction began — stay hidden
-        until it commits or aborts. So: the LSO, then the log end ``hw`` (read_uncommitted).
-        Equal (no open transaction: every normal restore, one extra offset query), or no
-        record keyed like this manifest anywhere in [LSO, hw): the newest committed manifest
-        is below the LSO and the scan can start there. Otherwise wait, polling the LSO, until
-        every transaction open at the start has ended (LSO >= hw) or the records past the
-        new LSO hold no such manifest; after ``open_transaction_wait_s`` raise
-        CheckpointError — never fall back to the older manifest below the LSO.
-        """
-        tp = TopicPartition(self.topic, sp)
-        # The LSO first: records appended between the two queries can only make it look behind
-        # (asked again once; at worst a scan of them and a short wait), never hide a transaction.
-        # (The other order made a just-created reader's first offset query stall ~700 ms now
-        # and then: another client's request while its first connection was being set up.)
-        low, lso = watermarks(consumer, tp, self.timeout_s)
-        hw = self._log_end(sp)
-        if lso < hw:  # an open transaction, or records appended between the two queries?
-            low, lso = watermarks(consumer, tp, self.timeout_s)
-        if lso >= hw:
-            return low, lso
-        t0 = time.monotonic()
-        first_lso, checked, behind = lso, -1, None
-        warned, last_note = False, t0
-        while True:
-            if lso >= hw:
-                break
-            if lso != checked:
-                checked = lso
-                behind = self._manifest_between(sp, key, lso, hw)
-                if behind is None:
-                    if lso == first_lso:
-                        log.info("%s[%d] has a transaction open since offset %d (log end %d) that holds no "
-                                 "manifest of %s[%d]: its newest committed manifest is below it",
-                                 self.topic, sp, lso, hw, operator_id, partition)
-                    break
-            now = time.monotonic()
-            waited = now - t0
-            if waited >= self.open_transaction_wait_s:
-                raise CheckpointError(
-                    f"cannot restore {operator_id}[{partition}]: snapshot partition {self.topic}[{sp}] has "
-                    f"a transaction open since offset {lso} (last stable offset {lso}, log end {hw}) that "
-                    f"hides the snapshot manifest at offset {behind}, and it did not end within "
-                    f"{self.open_transaction_wait_s:g} s. The snapshot readable below it may be older than "
-                    "the newest committed one, and resuming from it would process records twice, so it is "
-                    "not used. Operator action: if the producer that opened the transaction is gone (a "
-                    "crashed worker with another transactional id), abort it: kafka-transactions.sh "
-                    f"--bootstrap-server {self.bootstrap_servers} abort --topic {self.topic} --partition "
-                    f"{sp} --start-offset {lso} (find-hanging / describe-producers show it), then restart "
-                    "the worker; or raise open_transaction_wait_s above the writers' transaction timeout "
-                    "plus the broker's transaction.abort.timed.out.transaction.cleanup.interval.ms."
-                )
-            if not warned and waited >= min(_OPEN_TRANSACTION_GRACE_S, self.open_transaction_wait_s / 2):
-                log.warning(
-                    "restore of %s[%d] waits for an open transaction on %s[%d]: last stable offset %d, "
-                    "log end %d, a manifest of this partition at offset %d is behind it; waiting at most "
-                    "%g s for it to commit or be aborted (the broker aborts it once its "
-                    "transaction.timeout.ms has passed)",
-                    operator_id, partition, self.topic, sp, lso, hw, behind, self.open_transaction_wait_s)
-                warned, last_note = True, now
-            elif warned and now - last_note >= _OPEN_TRANSACTION_PROGRESS_S:
-                log.warning("restore of %s[%d] still waiting for the open transaction on %s[%d]: last stable "
-                            "offset %d, log end %d, %.0f s waited, at most %.0f s more", operator_id, partition,
-                            self.topic, sp, lso, hw, waited, self.open_transaction_wait_s - waited)
-                last_note = now
-            time.sleep(0.05 if waited < _OPEN_TRANSACTION_GRACE_S else 0.25)
-            low, lso = watermarks(consumer, tp, self.timeout_s)
-        if warned or time.monotonic() - t0 > 0.5:
-            log.info("open transaction on %s[%d] no longer hides a manifest of %s[%d] after %.1f s "
-                     "(last stable offset %d -> %d, log end then %d)", self.topic, sp, operator_id, partition,
-                     time.monotonic() - t0, first_lso, lso, hw)
-        return low, lso
 
     def load_ref(self, operator_id: str, partition: int, ref: SnapshotRef,
                  consumer: Consumer | None = None) -> bytes:

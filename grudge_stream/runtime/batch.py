@@ -56,7 +56,11 @@ from grudge_stream.serving import QueryGate
 from grudge_stream.serving.http import WorkerHTTP
 from grudge_stream.serving.server import WebServer
 from grudge_stream.kafkaconf import FAST_CONSUMER
-from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, Transaction, TransactionStuck, WorkerCore, _resume
+from grudge_stream.runtime.batch_commits import BatchCommits
+from grudge_stream.runtime.batch_renewal import (  # noqa: F401 - the renewal limits importable from here too
+    CONSUMER_CLOSE_LIMIT_S, CONSUMER_RENEWALS_MAX, CONSUMER_RENEWALS_WINDOW_S, ClientRenewal, ConsumerFatal, _fatal,
+)
+from grudge_stream.runtime.core import Transaction, TransactionStuck, WorkerCore
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
 from grudge_stream.runtime.native import open_reader
 from grudge_stream.settings import setting
@@ -70,37 +74,13 @@ log = logging.getLogger("grudge_stream.batch")
 # (Python's default: every 5 ms); see BatchWorker._start_http.
 QUERY_SWITCH_INTERVAL_S = 0.0005
 
-# A producer the broker fenced: its transaction was aborted by the coordinator (timed out while
-# the cluster was away), and only a new producer can go on.
-_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-_COMMIT_LATER = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
-                 KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
-                 KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
-                 KafkaError.REQUEST_TIMED_OUT}
 
-# A consumer that fails fatally (a static member fenced by another with its group_instance_id)
-# is replaced in place; this many times within the window, and the worker ends with EXIT_FAULT
-# instead, for its orchestrator to restart (two live incarnations fencing each other, say).
-CONSUMER_RENEWALS_MAX = 3
-CONSUMER_RENEWALS_WINDOW_S = 300.0
-# Closing a fatal consumer may wait on the broker; it is given this long, then left behind.
-CONSUMER_CLOSE_LIMIT_S = 10.0
+class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
+    """The batch runtime's worker: the consume loop, group membership and the HTTP server
+    here; commits, transactions and checkpoints in ``BatchCommits``
+    (``grudge_stream.runtime.batch_commits``), clients that failed for good replaced by
+    ``ClientRenewal`` (``grudge_stream.runtime.batch_renewal``)."""
 
-
-class ConsumerFatal(WorkerFault):
-    """The source consumer failed for good (librdkafka's fatal error): it cannot consume,
-    commit or rejoin, and only a new consumer can go on."""
-
-    def __init__(self, err: KafkaError) -> None:
-        super().__init__(err.str())
-        self.error = err
-
-
-def _fatal(err: object) -> bool:
-    return isinstance(err, KafkaError) and (err.fatal() or err.code() == KafkaError._FATAL)
-
-
-class BatchWorker(WorkerCore):
     runtime = "batch"
     log = log
 
@@ -167,24 +147,6 @@ class BatchWorker(WorkerCore):
 
     def is_stopping(self) -> bool:
         return self.stopping.is_set()
-
-    def commit_offsets(self, offsets: dict[int, int]) -> None:
-        try:
-            self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                                 asynchronous=False)
-        except KafkaException as exc:
-            # A cooperative rebalance in progress (the consumer keeps consuming during one), a
-            # coordinator that moved: the next round commits again (a restore then replays a
-            # little more, silently up to the older commit).
-            err = exc.args[0]
-            if _fatal(err):
-                raise ConsumerFatal(err) from None
-            if not (err.retriable() or err.code() in _COMMIT_LATER):
-                raise
-            log.info("offset commit deferred to the next round: %s", err.str())
-            return
-        self.committed.update(offsets)
-        self.metrics.commits.labels(self.topology.operator_id).inc()
 
     # -- group membership ------------------------------------------------------------------------
 
@@ -317,8 +279,6 @@ class BatchWorker(WorkerCore):
     def yield_to_queries(self) -> None:
         self.query_gate.yield_to_queries()
 
-    # -- a consumer that failed for good ------------------------------------------------------------
-
     def _beat(self) -> None:
         """Each turn of the consume loop: progress for ``/live``, and for the watch of a member
         that holds nothing while its group stands still (``health.GroupProgress``)."""
@@ -329,69 +289,6 @@ class BatchWorker(WorkerCore):
         if _fatal(err):
             raise ConsumerFatal(err)
         log.warning("consume error: %s", err)
-
-    def _replace_consumer(self, exc: ConsumerFatal) -> None:
-        """The consumer failed for good: typically a static member fenced because another
-        consumer joined with its ``group_instance_id`` (a replaced pod whose old incarnation
-        still ran, a session that timed out while the coordinator moved). As Kafka Streams
-        replaces a dead stream thread: the partitions held are released without a snapshot
-        or a commit (another member may own them by now; their state goes back to the last
-        snapshot wherever they are assigned next), an open transaction is aborted, and a new
-        consumer rejoins under the same ``group_instance_id`` (fencing the other incarnation,
-        if one still runs). More than ``CONSUMER_RENEWALS_MAX`` renewals within
-        ``CONSUMER_RENEWALS_WINDOW_S`` end the worker with ``EXIT_FAULT``."""
-        self.metrics.consumer_fatal.inc()
-        now = time.monotonic()
-        self._consumer_renewals = [t for t in self._consumer_renewals if now - t < CONSUMER_RENEWALS_WINDOW_S]
-        if len(self._consumer_renewals) >= CONSUMER_RENEWALS_MAX:
-            log.error("the consumer failed for good again (%s): %d times within %.0f s; ending the worker "
-                      "for a restart (exit %d)", exc, len(self._consumer_renewals) + 1,
-                      CONSUMER_RENEWALS_WINDOW_S, exit_code(exc))
-            self.no_more_snapshots = True
-            raise exc
-        self._consumer_renewals.append(now)
-        held = sorted(set(self.slots) | self.assigned)
-        log.error("the consumer failed for good (%s): a new consumer rejoins the group%s; the %d partitions "
-                  "held are released without a snapshot and go back to their last snapshots",
-                  exc, f" as {self.instance_id!r}" if self.instance_id else "", len(held))
-        # A background snapshot in flight is dropped: its manifest is never written.
-        w = self.writer
-        if w is not None:
-            w.cancelled.set()
-            w.done.wait()
-            self.writer = None
-        self._snapshot_queue.clear()
-        txn = self.transaction
-        if txn is not None and txn.open:
-            try:
-                _resume(lambda: self.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
-            except TransactionStuck as stuck:
-                self._renew_producer(stuck, stuck=True)
-            except KafkaException as kexc:
-                if not (kexc.args and isinstance(kexc.args[0], KafkaError) and kexc.args[0].code() in _FENCED):
-                    raise
-                self._renew_producer(kexc)
-            else:
-                txn.open = False
-                self.publisher.drop_unfinished()
-            self.metrics.transactions_aborted.inc()
-        self.reset_pending = False
-        self.release(held)
-        self.committed.clear()
-        self._pending_commit = None
-        self.in_group = False
-        self.record_assignment()
-        old = self.consumer
-        self._close_native()
-        self.consumer = Consumer(self._consumer_conf)
-        self._open_native()
-        if txn is not None:
-            txn.group_metadata = self.consumer.consumer_group_metadata
-        closer = threading.Thread(target=_close_quietly, args=(old,), name="grudge-consumer-close", daemon=True)
-        closer.start()
-        closer.join(CONSUMER_CLOSE_LIMIT_S)
-        self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
-        self.metrics.consumers_renewed.inc()
 
     # -- the ingest path (grudge_stream.runtime.native) ----------------------------------------------
 
@@ -442,176 +339,8 @@ class BatchWorker(WorkerCore):
         self.record_replay()
         self.ticks.check(self.slots)
 
-    # -- commits and snapshots ----------------------------------------------------------------------
-
-    def checkpoint(self, partitions=None) -> None:
-        """On revocation and shutdown (blocking): outputs delivered (or in the transaction),
-        every changed partition of ``partitions`` snapshotted, and every offset reached
-        committed."""
-        if self.no_more_snapshots:
-            return
-        parts = sorted(self.slots) if partitions is None else [p for p in partitions if p in self.slots]
-        dirty = self.dirty(parts)
-        moved = {p: o for p, o in self._moved().items() if p in parts}
-        txn = self.transaction
-        if txn is not None:
-            if not txn.open and not dirty and not moved:
-                return
-            txn.begin()
-        elif moved and not dirty:
-            self.publisher.flush(should_stop=self.is_stopping)
-        offsets = {**moved, **self.write_snapshots(dirty)}
-        if txn is not None:
-            txn.commit(self.topic, offsets)
-            self.committed.update(offsets)
-            self.metrics.commits.labels(self.topology.operator_id).inc()
-        elif offsets:
-            self.commit_offsets(offsets)
-        self.checkpointed(offsets)
-
-    def _moved(self) -> dict[int, int]:
-        """Each slot's next offset where it moved past the last commit."""
-        return {p: s.operator.next_offset for p, s in self.slots.items()
-                if s.operator.next_offset is not None and s.operator.next_offset > self.committed.get(p, -1)}
-
-    def _commit_if_due(self) -> None:
-        """At-least-once: every ``commit_interval_s`` note the offsets reached and the output
-        stream's position; commit them (asynchronously) once every output before that position
-        is delivered. Never waits, except to re-send refused outputs."""
-        pending = self._pending_commit
-        publisher = self.publisher
-        if pending is not None:
-            if publisher.has_failures():
-                try:
-                    publisher.flush(should_stop=self.is_stopping)
-                except DeliveryError as exc:
-                    self.round_failed(exc)
-                    return
-            mark, offsets = pending
-            if publisher.delivered_through(mark):
-                offsets = {p: o for p, o in offsets.items() if p in self.slots}
-                if offsets:
-                    try:
-                        self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                                             asynchronous=True)
-                    except KafkaException as exc:  # a rebalance in progress, say: the next interval
-                        if _fatal(exc.args[0]):
-                            raise ConsumerFatal(exc.args[0]) from None
-                        log.info("offset commit deferred to the next interval: %s", exc.args[0].str())
-                    else:
-                        self.committed.update(offsets)
-                        self.metrics.commits.labels(self.topology.operator_id).inc()
-                self._pending_commit = None
-        if self._pending_commit is None and self.commits.due():
-            self.commits.done()
-            moved = self._moved()
-            if moved:
-                self._pending_commit = (publisher.mark(), moved)
-
-    def _transaction_round(self) -> None:
-        """Exactly-once: every ``commit_interval_s`` the open transaction commits the outputs
-        and the offsets reached. Periodic snapshots are not in it: they are written in the
-        background like at-least-once ones, their manifests once a transaction holding every
-        output before their copy has committed (``WorkerCore.finish_writer``)."""
-        txn = self.transaction
-        self.commits.done()
-        moved = self._moved()
-        if not txn.open and not moved:
-            return
-        try:
-            txn.begin()
-            txn.commit(self.topic, moved)
-        except (CheckpointError, DeliveryError) as exc:
-            self.round_failed(exc)  # raises: a failed transaction ends the worker
-        except (KafkaException, TransactionStuck) as exc:
-            self.abort_transaction(exc)
-            self.reset_held()
-            return
-        self.committed.update(moved)
-        self.metrics.commits.labels(self.topology.operator_id).inc()
-
-    def abort_transaction(self, exc: KafkaException | TransactionStuck) -> None:
-        """Exactly-once: the open transaction failed in a way that only aborts it (the member
-        fell out of the group and its generation is gone, the transaction timed out while the
-        cluster was away). Abort it and carry on, as Kafka Streams does with a migrated task:
-        every partition still held goes back to its last snapshot before its next record,
-        since its state is ahead of the aborted outputs (``reset_held``). A producer the broker
-        fenced, or one stuck in a call, is replaced first (``_renew_producer``); any other
-        fatal error is raised: the worker ends (one line, exit 2)."""
-        err = exc.args[0] if exc.args else None
-        if self.transaction is None:
-            raise exc
-        if isinstance(exc, TransactionStuck):
-            self._renew_producer(exc, stuck=True)
-        elif not isinstance(err, KafkaError):
-            raise exc
-        elif err.fatal() and err.code() in _FENCED:
-            self._renew_producer(exc)
-        elif err.fatal() or not err.txn_requires_abort():
-            raise exc
-        else:
-            log.warning("transaction aborted (%s): the outputs since the last commit are dropped, and the "
-                        "partitions held go back to their last snapshots", err.str())
-            try:
-                _resume(lambda: self.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
-            except TransactionStuck as stuck:
-                self._renew_producer(stuck, stuck=True)
-            else:
-                self.transaction.open = False
-                self.publisher.drop_unfinished()
-        w = self.writer
-        if w is not None:  # its manifest would cover outputs that were just aborted
-            w.cancelled.set()
-            w.done.wait()
-            self.writer = None
-        self._snapshot_queue.clear()
-        self.metrics.transactions_aborted.inc()
-        self.reset_pending = True
-
-    reset_pending = False
     native = None  # the native ingest reader (grudge_stream.runtime.native), None on today's path
     _ingest_said = False
-    _fenced_at = float("-inf")
-
-    def _renew_producer(self, exc: KafkaException | TransactionStuck, stuck: bool = False) -> None:
-        """The broker aborted the open transaction itself and fenced the producer (the cluster
-        was away longer than ``transaction_timeout_s``), or a transactional call blocked past
-        its timeout (``stuck``): a new producer under the same transactional id, then the
-        partitions held go back to their snapshots. Fenced again within a minute (or two
-        transaction timeouts) of the last fencing means another live instance shares the
-        transactional id (the same ``group_instance_id``): that ends the worker."""
-        why = str(exc) if stuck else exc.args[0].str()
-        now = time.monotonic()
-        if not stuck:
-            if now - self._fenced_at < max(60.0, 2 * setting(self.settings, "transaction_timeout_s")):
-                log.error("the transactional producer was fenced again right after its renewal (%s): "
-                          "another instance runs with the same group_instance_id?", why)
-                raise exc
-            self._fenced_at = now
-        log.warning("the transactional producer cannot go on (%s): a new producer takes over, the "
-                    "outputs since the last commit are dropped, and the partitions held go back to "
-                    "their last snapshots", why)
-        self.renew_producer(stuck=stuck)
-        self.metrics.producers_renewed.inc()
-
-    def reset_held(self) -> list[int]:
-        """After an aborted transaction, on the loop (not in a rebalance callback): every
-        held partition restored again from its last snapshot and the consumer sought there;
-        the records up to the group's committed offset are replayed silently, as after any
-        restore. The partitions reset."""
-        self.reset_pending = False
-        parts = sorted(self.slots)
-        if not parts:
-            return parts
-        committed = self.group_committed(parts)
-        for p in parts:
-            self.slots.pop(p, None)
-            self.store.forget(self.topology.operator_id, p)
-            self.commit_limits.pop(p, None)
-            self.consumer.seek(TopicPartition(self.topic, p, self._restore_slot(p, committed.get(p))))
-        log.info("partitions %s restored again after the aborted transaction", parts)
-        self.record_assignment()
-        return parts
 
     def _start_http(self) -> None:
         api = WorkerHTTP(self, gate=getattr(self, "query_gate", None))
@@ -624,13 +353,6 @@ class BatchWorker(WorkerCore):
         host = setting(self.settings, "web_host")
         port = setting(self.settings, "web_port")
         self._http = WebServer((host, port), lambda path: (api, path), server_tls(self.settings)).start()
-
-
-def _close_quietly(consumer: Consumer) -> None:
-    try:
-        consumer.close()
-    except Exception as exc:  # noqa: BLE001 - a fatal consumer may refuse even that; it is dropped
-        log.debug("closing the replaced consumer: %s", exc)
 
 
 def run_batch_worker(topology: Topology, settings: Settings, *, create_topics: bool = True,

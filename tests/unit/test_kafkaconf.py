@@ -371,7 +371,9 @@ def test_check_connection_waits_boundedly_when_nobody_answers(caplog) -> None:
 
 
 def test_librdkafka_log_lines_are_rate_limited() -> None:
-    f = kafkaconf._OncePer(interval_s=60)
+    from grudge_stream.kafkaconf.clients import _OncePer
+
+    f = _OncePer(interval_s=60)
 
     def rec(msg: str) -> logging.LogRecord:
         return logging.LogRecord("grudge_stream.kafka", logging.ERROR, "", 0, msg, (), None)

@@ -122,8 +122,10 @@ def test_describe_lists_settings_and_hides_secrets(capsys) -> None:
 def test_a_score_line_shows_how_old_the_partitions_watermark_is() -> None:
     import time
 
-    line = cli._score_line({"key": "eve", "score": 0.7, "raised": True, "partition": 3,
-                            "watermark_ms": int(time.time() * 1000) - 7_200_000, "served_by": "w0"})
+    from grudge_stream.cli.score import _score_line
+
+    line = _score_line({"key": "eve", "score": 0.7, "raised": True, "partition": 3,
+                        "watermark_ms": int(time.time() * 1000) - 7_200_000, "served_by": "w0"})
     age = int(line.split("watermark_age=")[1].split("s")[0])
     assert 7190 <= age <= 7210 and "raised=True" in line
 

@@ -1,63 +1,7 @@
-"""Sketch state in your own Quix Streams application: steps of a ``StreamingDataFrame``.
-
-::
-
-    from quixstreams import Application
-    from grudge_stream import quix as grudge
-    from grudge_stream.hashkey import HashKey
-    from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
-
-    app = Application(broker_address="localhost:9092", consumer_group="shop-guard",
-                      auto_offset_reset="earliest")
-    logins = app.topic("logins", key_deserializer="bytes", value_deserializer="json")
-    abuse = grudge.scores(app, "shop-guard-abuse", source=logins, hash_key=HashKey.parse(SEED),
-                          sketch=ScoreSketchConfig(levels=4, cells_per_level=100_000,
-                                                   decay=Exponential(0.01), hasher="siphash"),
-                          raise_at=0.5, clear_at=0.25)
-
-    sdf = app.dataframe(logins)
-    sdf = abuse.update(sdf, lambda login: 0.04 if login["outcome"] == "bad" else -0.001)
-    sdf = sdf.apply(count_logins, stateful=True)       # your own steps, Quix's own state
-    app.run()
-
-``scores``, ``rate_limiter``, ``heavy_hitters`` and ``forgetting_set`` build a state
-(``grudge_stream.state``) and bind it to the app; ``bind(app, state)`` binds one you
-built. The binding (``QuixState``) adds steps to a dataframe of the state's source
-topic, in the shape of the dataframe's own:
-
-- ``update(sdf, value_of)``: apply each record to the state; the record goes on unchanged;
-- ``apply(sdf, value_of)``: the record's value becomes what the state computed for it
-  (the new score, ``(allowed, retry_after_ms)``, the estimate, "new?");
-- ``filter(sdf, value_of, keep=None)``: only records the state lets through go on (rate
-  limiter: allowed; forgetting set: seen for the first time; scores and heavy hitters:
-  the key is raised).
-
-Each takes the record's key, its timestamp (Quix's, the topic's timestamp extractor
-included) and its partition and offset (``message_context()``); ``value_of(value)`` is
-what the record adds (a delta, a cost, a count: None leaves the state untouched).
-
-What binding does to the app, and nothing else (docs/embedding.md, "In a Quix Streams
-application"):
-
-- assigned partitions of the source topic are restored from their newest snapshots in
-  Quix's assignment callback, before any of their records is processed (or, failing
-  that, on first use); revoked ones get a last snapshot and are let go;
-- the state is snapshotted at every Quix checkpoint, before Quix commits: the steps
-  register a sink (Quix's ``BaseSink``) whose ``flush`` (called by every checkpoint
-  before its commit) delivers the state's outputs, then writes the snapshots, so the
-  commit never passes a durable snapshot and no snapshot covers an undelivered output;
-- records below a restored snapshot's offset are skipped by the state alone; your other
-  steps see them (at-least-once, as Quix gives).
-
-``serve(app, port=..., token_file=...)`` serves the states' score reads over HTTP, on a
-small server of its own while ``app.run()`` runs (Quix has none):
-``/grudge/<state>/v1/score?key=K`` on any instance, answered by the instance that holds the
-key's partition, behind the bearer tokens of ``token_file`` (``StatesServer``).
-
-Assignment and revocation come from Quix's rebalance callbacks, which Quix does not
-expose (``Application._on_assign``, ``_on_revoke``, ``_on_lost``): ``_hook_rebalance``
-wraps them, for the Quix versions in ``QUIX_SUPPORTED`` (the ``quix`` extra pins them;
-tests/unit/test_quix_binding.py fails when those attributes change).
+"""Sketch states bound to a Quix Streams ``Application``: ``QuixState`` (one state's steps,
+restores and snapshots), ``QuixStates`` (the states of one app, hooked into its rebalances
+and ``run()``), and ``bind``, ``scores``, ``rate_limiter``, ``heavy_hitters``,
+``forgetting_set`` and ``serve``, which make them (``grudge_stream.quix`` says how to use them).
 """
 from __future__ import annotations
 
@@ -70,6 +14,8 @@ from quixstreams import Application, message_context
 from quixstreams.context import MessageContextNotSetError
 from quixstreams.sinks import BaseSink
 
+from grudge_stream.quix.rebalance import _hook_rebalance
+from grudge_stream.quix.server import StatesServer
 from grudge_stream.state import (
     ForgettingSetState,
     HeavyHitterState,
@@ -79,9 +25,6 @@ from grudge_stream.state import (
     StateNotReady,
 )
 
-__all__ = ["bind", "scores", "rate_limiter", "heavy_hitters", "forgetting_set", "serve", "QuixState", "QuixStates",
-           "StatesServer", "QUIX_SUPPORTED", "StateNotReady"]
-
 log = logging.getLogger("grudge_stream.quix")
 
 # Records applied while live reads are served: every one of the first ``SAMPLE_FIRST``
@@ -90,21 +33,7 @@ log = logging.getLogger("grudge_stream.quix")
 SAMPLE_FIRST = 256
 SAMPLE_MASK = 63
 
-# The Quix Streams versions this binding is tested with (the ``quix`` extra pins them):
-# [lowest, first unsupported).
-QUIX_SUPPORTED = ((3, 28, 1), (3, 29, 0))
-
 S = TypeVar("S", bound=SketchState[Any])
-
-
-def _version() -> tuple[int, ...]:
-    import quixstreams
-
-    parts = []
-    for piece in str(quixstreams.__version__).split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
 
 
 def _topic_name(source: Any) -> str:
@@ -115,56 +44,6 @@ def _topic_name(source: Any) -> str:
         return name
     raise TypeError(f"source must be a topic name or a Quix Topic (app.topic(...)), not {source!r}")
 
-
-# -- the one private hook ---------------------------------------------------------------------
-
-_REBALANCE_CALLBACKS = ("_on_assign", "_on_revoke", "_on_lost")
-
-
-def _hook_rebalance(app: Application, assigned: Callable[[list], None], revoked: Callable[[list], None],
-                    lost: Callable[[list], None]) -> None:
-    """Call ``assigned`` after Quix's own assignment callback, ``revoked`` after its
-    revocation callback (which commits Quix's checkpoint first) and ``lost`` after it drops
-    lost partitions, each with the callback's ``TopicPartition`` list.
-
-    PRIVATE to Quix Streams: ``Application._on_assign`` / ``_on_revoke`` / ``_on_lost`` are
-    the callbacks ``Application._run_dataframe`` hands to ``consumer.subscribe``, read from
-    the instance when ``run()`` starts, so instance attributes replace them. Quix has no
-    public rebalance hook (3.28). Checked here and by tests/unit/test_quix_binding.py."""
-    missing = [n for n in _REBALANCE_CALLBACKS if not callable(getattr(app, n, None))]
-    if missing:
-        raise RuntimeError(
-            f"Quix Streams {'.'.join(map(str, _version()))} has no Application.{', '.join(missing)}: "
-            f"grudge_stream.quix restores on assignment through them and supports Quix Streams "
-            f">={'.'.join(map(str, QUIX_SUPPORTED[0]))},<{'.'.join(map(str, QUIX_SUPPORTED[1]))} "
-            "(pip install 'grudge-stream[quix]')")
-    own_assign, own_revoke, own_lost = (getattr(app, n) for n in _REBALANCE_CALLBACKS)
-
-    def on_assign(consumer: Any, partitions: list) -> None:
-        own_assign(consumer, partitions)
-        if partitions:
-            assigned(partitions)
-
-    def on_revoke(consumer: Any, partitions: list) -> None:
-        try:
-            own_revoke(consumer, partitions)
-        finally:
-            if partitions:
-                revoked(partitions)
-
-    def on_lost(consumer: Any, partitions: list) -> None:
-        try:
-            own_lost(consumer, partitions)
-        finally:
-            if partitions:
-                lost(partitions)
-
-    app._on_assign = on_assign  # type: ignore[method-assign]
-    app._on_revoke = on_revoke  # type: ignore[method-assign]
-    app._on_lost = on_lost  # type: ignore[method-assign]
-
-
-# -- the binding ------------------------------------------------------------------------------
 
 class _CheckpointSink(BaseSink):
     """The state's part of Quix's checkpoint. Quix calls ``add`` for every record reaching
@@ -545,167 +424,6 @@ def heavy_hitters(app: Application, name: str, *, source: Any, **kw: Any) -> Qui
 def forgetting_set(app: Application, name: str, *, source: Any, **kw: Any) -> QuixState[ForgettingSetState]:
     """A ``ForgettingSetState`` (a set that forgets) of ``source``, bound to ``app``."""
     return bind(app, ForgettingSetState(name, source_topic=_topic_name(source), **kw))
-
-
-# -- live reads over HTTP ---------------------------------------------------------------------
-
-class _NotStarted:
-    """The API of a state that has not started yet (the app has not joined its group): every
-    score request answers 503 ``not_ready``, as on a Faust app."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    health = staticmethod(lambda path: None)
-    is_score = staticmethod(lambda path: True)
-
-    def admit(self, headers: Any, peer: str) -> tuple[None, Any]:
-        from grudge_stream.serving.http import _json
-
-        return None, _json(503, {"error": "not_ready", "message": f"state {self.name!r} has not started yet (the "
-                                 "application has not joined its group)", "retry_after_s": 1}, {"Retry-After": "1"})
-
-    def answered(self, answer: Any, t0: float) -> None:
-        pass
-
-
-class StatesServer:
-    """Live reads of a Quix application's states over HTTP (``serve``).
-
-    Quix Streams has no web server, so this is a small one of grudge-stream's own: the
-    batch worker's threaded server (``grudge_stream.serving.server``), started on a thread
-    when ``app.run()`` starts and stopped when it returns. Per state, ``<prefix>/<name>/v1/score``
-    and ``<prefix>/<name>/v1/scores``: the score query API of a worker
-    (``grudge_stream.serving``), whose access rules, parsing, routing, forwards and answers
-    are used as they are. The key's partition is computed with ``key_partitioner`` (Kafka's
-    murmur2 by default, as Quix's own producers place keys); a partition this instance
-    does not hold is asked of its owner, found in the members directory
-    ``grudge-embedded-<name>-members`` where every instance publishes the partitions it
-    holds restored and the URL it answers at, and each answer says which instance read it
-    (``served_by``, and ``forwarded_by`` when it was asked of another). While reads are
-    served, each record is applied under its partition's lock (which a read holds while
-    it reads), and the keys applied are sampled to check the partitioner; until a sampled
-    key confirmed it, answers carry ``partitioner_check``.
-    """
-
-    def __init__(self, states: QuixStates, *, port: int | None = None, host: str | None = None,
-                 token_file: str | None = None, key_partitioner: str | None = None, insecure_open: bool = False,
-                 prefix: str = "/grudge", advertised_url: str | None = None) -> None:
-        from grudge_stream.exceptions import ConfigError
-        from grudge_stream.serving import PARTITIONERS
-        from grudge_stream.settings import Settings, setting
-        from grudge_stream.webauth import QueryAccess, is_loopback, server_tls
-
-        if key_partitioner is not None and key_partitioner not in PARTITIONERS:
-            raise ConfigError(f"key_partitioner must be one of {PARTITIONERS}, not {key_partitioner!r}")
-        if not isinstance(prefix, str) or not prefix.startswith("/") or "?" in prefix:
-            raise ValueError(f"prefix must be a URL path starting with '/', not {prefix!r}")
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
-            raise ValueError(f"port must be an int from 0 to 65535 (0: any free port), not {port!r}")
-        if host is not None and (not isinstance(host, str) or not host):
-            raise ValueError(f"host must be an address to bind, not {host!r}")
-        env = Settings()
-        self.states = states
-        self.host = host if host is not None else str(setting(env, "web_host"))
-        self.port = port if port is not None else int(setting(env, "web_port"))
-        token_file = token_file or setting(env, "query_token_file")
-        if not token_file and not is_loopback(self.host) and not insecure_open:
-            raise ConfigError(
-                f"host: live reads served on {self.host} would answer anyone who reaches port {self.port} "
-                "without a token. Give serve(app, token_file=...) (or GRUDGE_QUERY_TOKEN_FILE: a file of bearer "
-                "tokens, docs/security.md), serve on a loopback address (host='127.0.0.1', the default), or "
-                "serve(app, insecure_open=True)")
-        overrides = {"web_host": self.host, "web_port": str(self.port)}
-        if token_file:
-            overrides["query_token_file"] = str(token_file)
-        if insecure_open:
-            overrides["insecure_open_queries"] = "true"
-        if advertised_url:
-            overrides["advertised_url"] = str(advertised_url)
-        self.settings = Settings(overrides, environ=env.environ)
-        try:
-            self.access = QueryAccess.from_settings(self.settings)
-        except ConfigError as exc:  # a token file that cannot be read, or holds no token
-            raise ConfigError(f"token_file: {exc}") from None
-        self.tls = server_tls(self.settings)
-        self.key_partitioner = key_partitioner
-        self.prefix = prefix.rstrip("/")
-        self.base_url = ""
-        self.server: Any = None
-        self.apis: dict[str, Any] = {}
-
-    def path(self, bound: Any) -> str:
-        """The state's path (``/v1/score`` and ``/v1/scores`` below it)."""
-        from urllib.parse import quote
-
-        return f"{self.prefix}/{quote(bound.name, safe='-._~')}"
-
-    def url(self, bound: Any) -> str:
-        """The state's URL, as other instances forward to it (once serving)."""
-        return self.base_url + self.path(bound)
-
-    def start(self) -> None:
-        """Bind the port and serve from a thread (``app.run()`` calls it first); a port that
-        cannot be bound is a ``ConfigError`` naming it, before the app joins its group."""
-        from grudge_stream.exceptions import ConfigError
-        from grudge_stream.serving.members import advertised_url
-        from grudge_stream.serving.server import WebServer
-        from grudge_stream.settings import Settings
-
-        if self.server is not None:
-            return
-        try:
-            self.server = WebServer((self.host, self.port), self.route, self.tls).start("grudge-quix-reads")
-        except OSError as exc:
-            raise ConfigError(f"port: live reads cannot be served on {self.host}:{self.port}: {exc}") from None
-        bound = {**self.settings.overrides, "web_port": str(self.server.port)}
-        self.base_url = advertised_url(Settings(bound, environ=self.settings.environ))
-        log.info("live reads of the states at %s%s/<state>/v1/score", self.base_url, self.prefix)
-
-    def route(self, path: str) -> tuple[Any, str] | None:
-        """A request's state API and the path below the state, or None (404)."""
-        from urllib.parse import unquote
-
-        from grudge_stream.serving.http import WorkerHTTP
-
-        if not path.startswith(self.prefix + "/"):
-            return None
-        name, _, rel = path[len(self.prefix) + 1:].partition("/")
-        rel = "/" + rel
-        name = unquote(name)
-        if not WorkerHTTP.is_score(rel) or name not in self.states.states:
-            return None
-        api = self.apis.get(name)
-        return (api if api is not None else _NotStarted(name)), rel
-
-    def start_state(self, bound: QuixState[Any]) -> None:
-        """A started state's queries under these access rules, answering at its URL, and its
-        members directory (Quix's assignment callback calls it). Once per start of the state."""
-        from grudge_stream.serving.http import mount_core
-
-        core = bound.state.core
-        if core is None or bound.name in self.apis:
-            return
-        url = self.url(bound)
-        self.apis[bound.name] = mount_core(core, url, self.access, self.key_partitioner)
-        bound.served = True
-        log.info("state %s: live reads at %s/v1/score (key_partitioner=%s)", bound.name, url,
-                 core.queries.partitioner)
-
-    def close(self) -> None:
-        """The port closed and every state's members directory withdrawn (a clean stop)."""
-        server, self.server = self.server, None
-        if server is not None:
-            server.stop()
-        for name in list(self.apis):
-            api = self.apis.pop(name)
-            bound = self.states.states.get(name)
-            if bound is not None:
-                bound.served = False
-            core = api.worker
-            if core.members is not None:
-                core.members.close()
-                core.members = None
 
 
 def serve(app: Application, *, port: int | None = None, host: str | None = None, token_file: str | None = None,
