@@ -46,12 +46,12 @@ from grudge_stream.operators.dedup import DedupOperator
 from grudge_stream.operators.heavy import HeavyHitterOperator
 from grudge_stream.operators.ratelimit import RateLimitOperator
 from grudge_stream.operators.scores import FeedbackScoreOperator
-from grudge_stream.state_base import SketchState, StateNotReady
+from grudge_stream.state_base import SketchState, StateContext, StateNotReady
 from grudge_stream.state_checks import check_config, common_args, key_bytes
 
 __all__ = [
     "SketchState", "ScoreState", "RateLimitState", "HeavyHitterState", "ForgettingSetState",
-    "StateNotReady",
+    "StateContext", "StateNotReady",
 ]
 
 

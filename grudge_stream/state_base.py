@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
@@ -37,6 +38,27 @@ log = logging.getLogger("grudge_stream.state")
 class StateNotReady(GrudgeError, RuntimeError):
     """The state holds no restored sketch for the partition asked for: used before its
     runtime started, before the partition was assigned, or after it was revoked."""
+
+
+@dataclass(frozen=True)
+class StateContext:
+    """What a runtime binding tells a state it attaches (``SketchState.bind_context``); a
+    state not attached to a runtime has the empty context.
+
+    - ``current_position``: the (partition, offset, timestamp_ms) of the event being handled,
+      for calls that give none (inside a Faust agent);
+    - ``restore_on_demand``: restore a partition the runtime has assigned but not yet
+      restored, on its first use;
+    - ``app_connection``: the cluster of the app, as ``(bootstrap servers, client properties,
+      what could not be carried over)``, used for whichever of bootstrap_servers /
+      client_config the state was not given;
+    - ``app_group``: the app's consumer group, the position a backfill fills the state up to.
+    """
+
+    current_position: Callable[[], tuple[int, int, int]] | None = None
+    restore_on_demand: Callable[[int], None] | None = None
+    app_connection: Callable[[], tuple[str, dict[str, Any], str | None]] | None = None
+    app_group: str | None = None
 
 
 class SketchState(Generic[OpT]):
@@ -99,18 +121,34 @@ class SketchState(Generic[OpT]):
         # Restores and start-up run in a runtime's executor threads and, on first use, on its
         # event loop: one at a time.
         self._lock = threading.RLock()
-        # Set by a runtime binding (grudge_stream.faust): where the current event comes from
-        # when update() is called without partition/offset/timestamp_ms, and how a partition
-        # the runtime has assigned but not yet restored is restored on first use.
-        self.current_position: Callable[[], tuple[int, int, int]] | None = None
-        self.restore_on_demand: Callable[[int], None] | None = None
-        # Set by a runtime binding: the cluster of the app the state is attached to, as
-        # ``(bootstrap servers, client properties, what could not be carried over)``; used for
-        # whichever of bootstrap_servers / client_config was not given.
-        self.app_connection: Callable[[], tuple[str, dict[str, Any], str | None]] | None = None
-        # Set by a runtime binding: the consumer group of the app (a Faust app's id), the
-        # position a backfill fills the state up to.
-        self.app_group: str | None = None
+        # What the runtime binding the state is attached to tells it (bind_context); none yet.
+        self.context = StateContext()
+
+    def bind_context(self, context: StateContext) -> None:
+        """Called by a runtime binding (grudge_stream.faust, grudge_stream.quix) when it
+        attaches the state, and again when it changes what it tells (the Faust binding's
+        pages sample the agents' keys): the one way a state learns about its runtime."""
+        self.context = context
+
+    @property
+    def current_position(self) -> Callable[[], tuple[int, int, int]] | None:
+        """The runtime's position of the event being handled, if it has one (``StateContext``)."""
+        return self.context.current_position
+
+    @property
+    def restore_on_demand(self) -> Callable[[int], None] | None:
+        """How the runtime restores an assigned partition on first use (``StateContext``)."""
+        return self.context.restore_on_demand
+
+    @property
+    def app_connection(self) -> Callable[[], tuple[str, dict[str, Any], str | None]] | None:
+        """The cluster of the app the state is attached to (``StateContext``)."""
+        return self.context.app_connection
+
+    @property
+    def app_group(self) -> str | None:
+        """The consumer group of the app the state is attached to (``StateContext``)."""
+        return self.context.app_group
 
     # What a backfill hands the operator for the value ``value_of`` gave (as the kind's
     # per-event call passes it on), and whether the column pipeline applies the batch.

@@ -41,9 +41,12 @@ def _tune_gc() -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    # ``kill -USR1 <pid>``: every thread's stack on stderr, for a worker that seems stuck.
+    # ``kill -USR1 <pid>``: every thread's stack on stderr, for a worker that seems stuck; and a
+    # crash inside a C library (a segmentation fault, an abort) says so on stderr with the stacks
+    # instead of ending the process without a line.
     with contextlib.suppress(AttributeError, OSError, ValueError):  # no stderr file (embedded, tests)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        faulthandler.enable(all_threads=True)
     settings = settings_from(args)
     topology = load_topology(args.topology, settings)
     runtime = args.runtime or setting(settings, "runtime")

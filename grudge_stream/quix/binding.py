@@ -22,6 +22,7 @@ from grudge_stream.state import (
     RateLimitState,
     ScoreState,
     SketchState,
+    StateContext,
     StateNotReady,
 )
 
@@ -347,7 +348,7 @@ class QuixStates:
         if self.running:
             raise RuntimeError(f"bind state {state.name!r} before the application runs")
         bound = QuixState(self, state)
-        state.restore_on_demand = lambda p, b=bound: self._restore_now(b, p)
+        state.bind_context(StateContext(restore_on_demand=lambda p, b=bound: self._restore_now(b, p)))
         self.states[state.name] = bound
         return bound
 

@@ -97,4 +97,4 @@ def test_the_keys_handed_to_the_state_check_the_partitioner():
     finally:
         state.core = None
     # Inside an agent the state's position comes with the sampling hook.
-    assert state.current_position is not None
+    assert state.current_position is not None and state.context.current_position is state.current_position

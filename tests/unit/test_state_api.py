@@ -415,3 +415,17 @@ def test_a_topology_says_whether_its_operators_read_headers(name, extra, monkeyp
     monkeypatch.setenv("GRUDGE_SEED", "00112233445566778899aabbccddeeff")
     topology = load_topology(name, Settings(extra))
     assert topology.needs_headers is topology.make_operator(0).needs_headers
+
+
+def test_a_state_learns_its_runtime_through_one_context_handed_over_at_attach() -> None:
+    from grudge_stream.state import StateContext
+
+    state = score_state("ctx")
+    assert state.context == StateContext() and state.current_position is None and state.app_group is None
+    with pytest.raises(TypeError, match="outside a Faust agent"):
+        state.update("k", 1.0)  # no position given and no runtime to ask
+    with pytest.raises(AttributeError):
+        state.current_position = lambda: (0, 0, 0)  # type: ignore[misc]  # not set from outside
+    state.bind_context(StateContext(current_position=lambda: (3, 7, 1_000), app_group="app"))
+    assert state.current_position is not None and state.current_position() == (3, 7, 1_000)
+    assert state.app_group == "app" and state.restore_on_demand is None

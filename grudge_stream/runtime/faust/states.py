@@ -25,6 +25,7 @@ from grudge_stream.exceptions import (EXIT_FAULT, EXIT_USER_ERROR, CheckpointErr
 from grudge_stream.runtime.faust.consumer import app_consumer, install_state_consumer, keep_queued_events_on_resume
 from grudge_stream.runtime.faust.watchers import request_rebalance, watch_coordination, watch_recovery
 from grudge_stream.runtime.faust.web import StatesWeb, current_position
+from grudge_stream.state_base import StateContext
 
 if TYPE_CHECKING:
     from grudge_stream.state import SketchState
@@ -117,10 +118,10 @@ class FaustStates:
                              f"{self.app.conf.id!r}")
         if self.started:
             raise RuntimeError(f"attach state {state.name!r} before the app starts")
-        state.current_position = lambda: current_position(state)
-        state.restore_on_demand = lambda p: self.restore_now(state, p)
-        state.app_connection = lambda: _app_connection(self.app)
-        state.app_group = self.app.conf.id  # Faust's consumer group
+        state.bind_context(StateContext(current_position=lambda: current_position(state),
+                                        restore_on_demand=lambda p: self.restore_now(state, p),
+                                        app_connection=lambda: _app_connection(self.app),
+                                        app_group=self.app.conf.id))  # Faust's consumer group
         self.states[state.name] = state
         self.topics.add(state.source_topic)
         if self.web is not None:

@@ -5,6 +5,7 @@ What ``grudge_stream.faust.serve`` mounts: per state, the score query pages of a
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, Callable
@@ -81,7 +82,8 @@ class StatesWeb:
             self.app.page(base + rel, name=f"grudge-{state.name}-{rel.rsplit('/', 1)[1]}")(view(rel))
         # The keys the agents hand the state are sampled for the partitioner check.
         sample = self.sample
-        state.current_position = lambda: current_position(state, sample)
+        state.bind_context(dataclasses.replace(state.context,
+                                               current_position=lambda: current_position(state, sample)))
 
     def start(self) -> None:
         """The access rules against the app's web settings as the worker runs them (after
