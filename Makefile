@@ -56,9 +56,30 @@ $(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
 
 # pytest's session fixture starts and stops the broker (KAFKA_BOOTSTRAP_SERVERS, testcontainers
 # or the local jars, in that order); fetching the jars first keeps the download out of test time.
+# The suite runs as two pytest sessions side by side (TEST_LANES=2), each with a broker and a
+# temporary directory of its own: the tests that need no broker, the three-broker cluster
+# tests, the image and the upgrade beside every other integration test. Most of an integration
+# test is waiting (session timeouts, rebalances, restarts), so two sessions take about the time
+# of the longer one. The second session's output is printed when both have ended.
+# TEST_LANES=1 runs the one session of plain `pytest` (what KAFKA_BOOTSTRAP_SERVERS always gets:
+# two sessions must not share one broker).
+TEST_LANES ?= 2
+LANE_B := tests/unit tests/property tests/golden tests/deploy tests/integration/test_cluster_faults.py \
+          tests/integration/test_image.py tests/integration/test_upgrade.py tests/integration/test_outage.py \
+          tests/integration/test_embedded_quix.py tests/integration/test_hostile_input.py
 test: install deploy-tools release-venvs
 	$(RUN_INSTALLED) grudge_devkafka jars
-	$(BIN)/pytest
+	@if [ "$(TEST_LANES)" = 1 ] || [ -n "$$KAFKA_BOOTSTRAP_SERVERS" ]; then exec $(BIN)/pytest; fi; \
+	tmp=$$(mktemp -d -t grudge-test-XXXXXX); t0=$$(date +%s); \
+	echo "==> two pytest sessions: [b] $(LANE_B) (log: $$tmp/b.log, printed at the end); [a] the rest, here"; \
+	$(BIN)/pytest --basetemp=$$tmp/b $(LANE_B) >$$tmp/b.log 2>&1 & b=$$!; \
+	trap 'kill $$b 2>/dev/null' INT TERM; \
+	$(BIN)/pytest --basetemp=$$tmp/a $(addprefix --ignore=,$(LANE_B)); a=$$?; \
+	echo "==> session [a] ended after $$(( $$(date +%s) - t0 )) s (status $$a); waiting for [b]"; \
+	wait $$b; bs=$$?; \
+	echo "==> session [b] ($(LANE_B)), status $$bs, ended by $$(( $$(date +%s) - t0 )) s:"; cat $$tmp/b.log; \
+	if [ $$a = 0 ] && [ $$bs = 0 ]; then rm -rf $$tmp; exit 0; fi; \
+	echo "make test: session [a] status $$a, session [b] status $$bs (temporary directories kept in $$tmp)"; exit 1
 
 # The last release, built from its release commit into .cache/grudge-0.2.0-venv (git-ignored) the
 # first time (pip compiles its Cython kernels: 8 minutes on a busy 2-core machine), kept after that; the rolling
