@@ -101,13 +101,13 @@ class ScoreState(SketchState[FeedbackScoreOperator]):
         # in as few steps as the sketch allows; any other through ``apply``, the same rules.
         if (core is not None and type(key) is bytes and type(delta) is float and type(partition) is int
                 and type(offset) is int and type(timestamp_ms) is int and offset >= 0):
-            slot = core.slots.get(partition)
+            slot = core.partition_slots.slots.get(partition)
             if slot is not None:
                 op = cast(FeedbackScoreOperator, slot.operator)
                 out = op.update_in_order(key, delta, offset, timestamp_ms)
                 if out is not None:
                     if out:
-                        core.publish(out)
+                        core.publisher.publish(out)
                     return op.result  # type: ignore[no-any-return]
         result = self.apply(key, delta, partition=partition, offset=offset, timestamp_ms=timestamp_ms)
         return None if result is None else float(result)

@@ -1,7 +1,8 @@
 """The machinery of every embedded state (``grudge_stream.state``): ``SketchState``.
 
 A ``SketchState`` holds one operator per partition of its source topic, in the slots of a
-worker core of its own (``grudge_stream.runtime.embedded.EmbeddedCore``), started on first
+worker core of its own (``core``, a ``grudge_stream.runtime.core.WorkerCore``, held by its
+``grudge_stream.runtime.embedded.EmbeddedCore``, ``embedded``), started on first
 use: connecting and creating its topics (``start``), restores on assignment (``assign``),
 snapshots taken at a batch boundary and written off the caller's loop (``take_snapshots``,
 ``write_snapshots``, ``checkpoint``), revocation and ``close``; per event, ``apply`` and
@@ -26,6 +27,7 @@ from grudge_stream.state_checks import int_arg, key_bytes, number_column
 from grudge_stream.topology import Topology
 
 if TYPE_CHECKING:
+    from grudge_stream.runtime.core import WorkerCore
     from grudge_stream.runtime.embedded import EmbeddedCore
 
 OpT = TypeVar("OpT", bound=Operator)
@@ -116,7 +118,8 @@ class SketchState(Generic[OpT]):
         self._bootstrap = bootstrap_servers
         self._client_config = dict(client_config or {})
         self._client_config_given = client_config is not None
-        self.core: EmbeddedCore | None = None
+        self.core: WorkerCore | None = None  # the worker core (None until started), held by:
+        self.embedded: EmbeddedCore | None = None
         self._follower: Any = None
         # Restores and start-up run in a runtime's executor threads and, on first use, on its
         # event loop: one at a time.
@@ -212,8 +215,9 @@ class SketchState(Generic[OpT]):
                              properties={**client_properties(self._settings), **self._client_config})
             if create_topics:
                 ensure_topics(self.topology, self._settings, self._bootstrap, self._client_config)
-            core = EmbeddedCore(self.topology, self._settings, bootstrap_servers=self._bootstrap,
-                                client_config=self._client_config)
+            embedded = EmbeddedCore(self.topology, self._settings, bootstrap_servers=self._bootstrap,
+                                    client_config=self._client_config)
+            core = embedded.core
             if self.topology.overrides_topic:
                 from grudge_stream.overrides import start_override_follower
 
@@ -221,10 +225,14 @@ class SketchState(Generic[OpT]):
                 followed = start_override_follower(self.topology, core.bootstrap, core.client_config,
                                                    signing=getattr(core, "signing", None))
                 self._follower = followed[1] if followed else None
-            self.core = core
+            self.core, self.embedded = core, embedded
         return self
 
-    def _core(self) -> EmbeddedCore:
+    def _embedded(self) -> EmbeddedCore:
+        self._core()
+        return cast("EmbeddedCore", self.embedded)
+
+    def _core(self) -> WorkerCore:
         if self.core is None:
             raise StateNotReady(f"state {self.name!r} is not started: call start() (or attach it to a "
                                 "Faust app, which starts it) before using it")
@@ -283,33 +291,33 @@ class SketchState(Generic[OpT]):
                     op = slot.operator
                     if op.next_offset is None or pos > op.next_offset:
                         op.next_offset = pos
-        return core.take_snapshots()
+        return self._embedded().take_snapshots()
 
     def write_snapshots(self, taken: list[SnapshotWrite], should_stop: Callable[[], bool] | None = None
                         ) -> dict[int, int]:
         """Deliver every output produced so far, then write ``taken`` (blocking: run it off
         an event loop). Returns the offsets now safe to commit, per partition."""
-        return self._core().write_taken(taken, should_stop)
+        return self._embedded().write_taken(taken, should_stop)
 
     def checkpoint(self, positions: Mapping[int, int] | None = None) -> dict[int, int]:
         """``take_snapshots`` then ``write_snapshots``: the offsets safe to commit (every
         partition held, up to its newest durable snapshot)."""
         core = self._core()
         self.write_snapshots(self.take_snapshots(positions))
-        return {p: o for p, o in core.commit_limits.items() if p in core.slots}
+        return {p: o for p, o in core.limits.limits.items() if p in core.slots}
 
     def commit_limit(self, partition: int) -> int | None:
         """The offset a commit of ``partition`` must not pass (its newest durable snapshot)."""
-        return self.core.commit_limits.get(partition) if self.core is not None else None
+        return self.core.limits.limits.get(partition) if self.core is not None else None
 
     def revoke(self, partitions: Iterable[int], *, snapshot: bool = True) -> None:
         """Let ``partitions`` go, with a last snapshot of each first (unless ``snapshot``
         is false, when a snapshot could cover outputs that are lost)."""
-        core = self._core()
+        core, embedded = self._core(), self._embedded()
         parts = [p for p in partitions if p in core.slots]
         if snapshot and parts:
             try:
-                core.write_taken(core.take_snapshots(parts), None)
+                embedded.write_taken(embedded.take_snapshots(parts), None)
             except Exception as exc:  # noqa: BLE001 - they go either way; the next owner replays
                 log.error("no snapshot on revocation of %s %s: %s", self.name, parts, exc)
         core.release(parts)
@@ -336,15 +344,15 @@ class SketchState(Generic[OpT]):
     def close(self, *, snapshot: bool = True) -> None:
         """A last snapshot of every partition (unless ``snapshot`` is false), outputs
         delivered, clients closed."""
-        core = self.core
-        if core is None:
+        core, embedded = self.core, self.embedded
+        if core is None or embedded is None:
             return
         try:
             if snapshot and core.slots:
-                core.write_taken(core.take_snapshots(), lambda: True)
+                embedded.write_taken(embedded.take_snapshots(), lambda: True)
         finally:
-            core.close()
-            self.core = None
+            embedded.close()
+            self.core = self.embedded = None
             if self._follower is not None:
                 self._follower.stop()
                 self._follower = None
@@ -373,7 +381,7 @@ class SketchState(Generic[OpT]):
         if out is None:
             return None
         if out:
-            self._core().publish(out)
+            self._core().publisher.publish(out)
         return op.result
 
     def apply_many(self, events: Iterable[tuple[Any, Any, int, int, int]]) -> list[Any]:
@@ -391,7 +399,7 @@ class SketchState(Generic[OpT]):
             outputs.extend(out)
             results.append(op.result)
         if outputs:
-            self._core().publish(outputs)
+            self._core().publisher.publish(outputs)
         return results
 
     def _apply_columns(self, keys: Any, values: Any, partitions: Any, offsets: Any, timestamps_ms: Any) -> int:
@@ -458,7 +466,7 @@ class SketchState(Generic[OpT]):
             outputs.extend(out)
             applied += op.counters["events"] - before
         if outputs:
-            self._core().publish(outputs)
+            self._core().publisher.publish(outputs)
         return applied
 
     def describe(self, key: Any, partition: int, debug: bool = False) -> dict[str, Any]:

@@ -85,8 +85,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _tune_gc()
     runtime = app.grudge_runtime  # type: ignore[attr-defined]
     # A topology keyed by a field: its repartition stage (a thread with its own clients).
-    stage = start_stage(topology, settings, metrics=runtime.metrics, liveness=runtime.liveness,
-                        client_config=runtime.client_config)
+    stage = start_stage(topology, settings, metrics=runtime.core.metrics, liveness=runtime.core.liveness,
+                        client_config=runtime.core.client_config)
     try:
         worker.execute_from_commandline()
     except SystemExit:

@@ -167,6 +167,6 @@ class StatesServer:
             if bound is not None:
                 bound.served = False
             core = api.worker
-            if core.members is not None:
-                core.members.close()
-                core.members = None
+            if core.membership.directory is not None:
+                core.membership.directory.close()
+                core.membership.directory = None

@@ -75,14 +75,11 @@ log = logging.getLogger("grudge_stream.batch")
 QUERY_SWITCH_INTERVAL_S = 0.0005
 
 
-class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
-    """The batch runtime's worker: the consume loop, group membership and the HTTP server
-    here; commits, transactions and checkpoints in ``BatchCommits``
-    (``grudge_stream.runtime.batch_commits``), clients that failed for good replaced by
-    ``ClientRenewal`` (``grudge_stream.runtime.batch_renewal``)."""
-
-    runtime = "batch"
-    log = log
+class BatchWorker(BatchCommits, ClientRenewal):
+    """The batch runtime's worker: it holds the worker's ``WorkerCore`` (``core``) and runs
+    the consume loop, group membership and the HTTP server here; commits, transactions and
+    checkpoints in ``BatchCommits`` (``grudge_stream.runtime.batch_commits``), clients that
+    failed for good replaced by ``ClientRenewal`` (``grudge_stream.runtime.batch_renewal``)."""
 
     def __init__(self, topology: Topology, settings: Settings) -> None:
         self.exactly_once = setting(settings, "exactly_once")
@@ -99,7 +96,11 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
         if self.batch_size < 1 or self.batch_max_wait_ms < 1:
             raise ConfigError("batch_size and batch_max_wait_ms must be at least 1")
         self.stopping = threading.Event()
-        super().__init__(topology, settings, exactly_once=self.exactly_once)
+        self.settings = settings
+        self.topic = topology.source_topic
+        self.core = WorkerCore(topology, settings, runtime="batch", log=log, is_stopping=self.is_stopping,
+                               commit_offsets=self.commit_offsets, yield_to_queries=self.yield_to_queries,
+                               exactly_once=self.exactly_once)
         # Commits apart from snapshots (docs/checkpoints.md, "Commits and snapshots"): offsets
         # are committed every commit_interval_s once the outputs before them are delivered (or
         # in the exactly-once transaction); a partition is snapshotted only when its replay
@@ -107,8 +108,8 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
         self.committed: dict[int, int] = {}
         self._pending_commit: tuple[int, dict[int, int]] | None = None
         conf = {
-            "bootstrap.servers": self.bootstrap,
-            "group.id": self.app_id,
+            "bootstrap.servers": self.core.bootstrap,
+            "group.id": self.core.app_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
@@ -117,10 +118,10 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
             "heartbeat.interval.ms": int(setting(settings, "heartbeat_interval_s") * 1000),
             "max.poll.interval.ms": 300_000,
             **FAST_CONSUMER,
-            **self.client_config,
+            **self.core.client_config,
         }
-        if self.instance_id:
-            conf["group.instance.id"] = self.instance_id
+        if self.core.instance_id:
+            conf["group.instance.id"] = self.core.instance_id
         # partition.assignment.strategy=cooperative-sticky (a pass-through property): incremental
         # rebalances, where the partitions that stay keep flowing while others move.
         self.cooperative = "cooperative-sticky" in str(conf.get("partition.assignment.strategy", ""))
@@ -129,12 +130,13 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
         self._consumer_renewals: list[float] = []
         self._open_native()
         if self.exactly_once:
-            self.transaction = Transaction(self.producer, self.consumer.consumer_group_metadata)
+            txns = self.core.transactions
+            txns.transaction = Transaction(txns.producer, self.consumer.consumer_group_metadata)
         self._http: WebServer | None = None
         # Live queries ahead of processing, within a share of the loop's time (serving.QueryGate).
-        self.query_gate = QueryGate(setting(settings, "query_priority_share"), self.metrics)
+        self.query_gate = QueryGate(setting(settings, "query_priority_share"), self.core.metrics)
 
-    # -- core hooks -------------------------------------------------------------------------------
+    # -- the core's hooks -------------------------------------------------------------------------
 
     # The source's partition count comes from the core's own admin client, never from
     # self.consumer: restores run inside the rebalance callback, and a consumer method that
@@ -155,13 +157,13 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
             return
         # Every partition of the assignment counts as assigned before any is restored, so /ready
         # says 503 until the last one is.
-        self.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
-        self.in_group = True
-        self.metrics.assigned.set(len(self.assigned))
-        self.finish_writer(wait=True)
+        self.core.assigned.update(tp.partition for tp in partitions if tp.topic == self.topic)
+        self.core.in_group = True
+        self.core.metrics.assigned.set(len(self.core.assigned))
+        self.core.finish_writer(wait=True)
         ours = [tp.partition for tp in partitions if tp.topic == self.topic]
         # The core's admin client, never the consumer inside its own rebalance callback.
-        committed = self.group_committed(ours)
+        committed = self.core.group_committed(ours)
         for tp in partitions:
             if tp.topic == self.topic:
                 tp.offset = self._restore_slot(tp.partition, committed.get(tp.partition))
@@ -171,14 +173,14 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
             consumer.incremental_assign(partitions)  # added to what it already holds
         else:
             consumer.assign(partitions)
-        self.record_assignment()
+        self.core.record_assignment()
 
     def _restore_slot(self, partition: int, committed: int | None) -> int:
         """``partition`` restored from its newest usable snapshot into a slot, silent up to
         the group's ``committed`` offset; the offset to consume it from."""
-        self.liveness.beat()  # restores run in consume(): each partition counts as progress
-        outcome = self.restart_point(partition, self.restore(partition), committed)
-        slot = self.resume(partition, outcome, committed)
+        self.core.liveness.beat()  # restores run in consume(): each partition counts as progress
+        outcome = self.core.restart_point(partition, self.core.restore(partition), committed)
+        slot = self.core.resume(partition, outcome, committed)
         self.committed[partition] = committed if committed is not None else -1
         start = slot.operator.next_offset
         return start if start is not None else OFFSET_BEGINNING
@@ -189,19 +191,19 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
             # with it, unsnapshotted (``_replace_consumer``).
             return
         revoked = [tp.partition for tp in partitions if tp.topic == self.topic]
-        self.finish_writer(wait=True)
+        self.core.finish_writer(wait=True)
         self._pending_commit = None
         # Eager: every partition goes and a new assignment follows. Cooperative: only these go,
         # and the member stays in the group.
-        self.in_group = self.cooperative and self.in_group
+        self.core.in_group = self.cooperative and self.core.in_group
         try:
-            self.checkpoint([p for p in revoked if p in self.slots])
+            self.checkpoint([p for p in revoked if p in self.core.slots])
         except DeliveryError as exc:
             log.error("no snapshot on revocation: %s; the next owner replays from the last snapshot", exc)
         except ConsumerFatal as exc:  # the commit after the snapshots: the loop replaces the consumer
             log.error("offsets not committed on revocation: the consumer failed for good (%s)", exc)
         except (KafkaException, TransactionStuck) as exc:
-            if self.transaction is None:
+            if self.core.transactions.transaction is None:
                 if isinstance(exc, KafkaException) and _fatal(exc.args[0]):
                     log.error("checkpoint on revocation failed: the consumer failed for good (%s)",
                               exc.args[0].str())
@@ -212,7 +214,7 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
                 self.abort_transaction(exc)
         except Exception:  # the partitions are gone either way; the next owner replays from the last snapshot
             log.exception("checkpoint on revocation failed")
-        self.release(revoked)
+        self.core.release(revoked)
         for p in revoked:
             self.committed.pop(p, None)
         if self.cooperative:
@@ -221,26 +223,27 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
             consumer.unassign()
         if self.native is not None:
             self.native.release(revoked)
-        self.record_assignment()
+        self.core.record_assignment()
 
     # -- main loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
         self._start_http()
-        self.start_members()
+        self.core.start_members()
         def on_signal(signum: int, _frame: object) -> None:
             if not self.stopping.is_set():
                 # At once: the loop may be inside a checkpoint round that a broker quota slows.
                 log.info("%s: stopping after the current batch, then final snapshots of %d partitions",
-                         signal.Signals(signum).name, len(self.slots))
+                         signal.Signals(signum).name, len(self.core.slots))
             self.stopping.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
-        self.count()  # asked before any rebalance callback can need it
+        self.core.count()  # asked before any rebalance callback can need it
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
+        shape = RECORDS if self.core.needs_headers else COLUMNS
         loop = ConsumeLoop(self.consumer, self.topic, batch_size=self.batch_size,
-                           wait_s=self.batch_max_wait_ms / 1000.0, shape=RECORDS if self.needs_headers else COLUMNS,
+                           wait_s=self.batch_max_wait_ms / 1000.0, shape=shape,
                            on_error=self._consume_error, beat=self._beat, native=self.native)
         clean = False
         try:
@@ -251,30 +254,30 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
                 except ConsumerFatal as exc:
                     self._replace_consumer(exc)
                     loop.consumer, loop.native = self.consumer, self.native
-            log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
+            log.info("stopping: final snapshots for partitions %s", sorted(self.core.slots))
             try:
-                with self.shutdown_progress("final snapshots"):
-                    self.finish_writer(wait=True)
+                with self.core.shutdown_progress("final snapshots"):
+                    self.core.finish_writer(wait=True)
                     self.checkpoint()
             except (DeliveryError, TransactionStuck) as exc:
                 log.error("final snapshots not written: %s; the next owner replays from the last snapshot", exc)
-                self.no_more_snapshots = True
+                self.core.checkpointer.no_more_snapshots = True
             clean = True
             return 0
         finally:
             if not clean:
-                self.no_more_snapshots = True
+                self.core.checkpointer.no_more_snapshots = True
             self.stopping.set()
             self._close_native()  # its handles go before the consumer they belong to
             self.consumer.close()
-            if self.members is not None:
-                self.members.close(clean=clean)
+            if self.core.membership.directory is not None:
+                self.core.membership.directory.close(clean=clean)
             if self._http is not None:
                 self._http.shutdown()
-            self.store.close()
-            self.ticks.close()
-            if self._background_store is not None:
-                self._background_store.close()
+            self.core.store.close()
+            self.core.ticks.close()
+            if self.core.checkpointer.background is not None:
+                self.core.checkpointer.background.close()
 
     def yield_to_queries(self) -> None:
         self.query_gate.yield_to_queries()
@@ -282,8 +285,9 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
     def _beat(self) -> None:
         """Each turn of the consume loop: progress for ``/live``, and for the watch of a member
         that holds nothing while its group stands still (``health.GroupProgress``)."""
-        self.liveness.beat()
-        self.group_progress.tick(bool(self.assigned))
+        core = self.core
+        core.liveness.beat()
+        core.group_progress.tick(bool(core.assigned))
 
     def _consume_error(self, err: KafkaError) -> None:
         if _fatal(err):
@@ -296,16 +300,16 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
         """The native reader of ``self.consumer`` as the ``ingest`` setting asks (None: today's
         path); said once per worker, not per renewed consumer."""
         self.native = open_reader(self.ingest, self.consumer, self.topic, self.batch_size,
-                                  columns=not self.needs_headers, quiet=self._ingest_said)
+                                  columns=not self.core.needs_headers, quiet=self._ingest_said)
         self._ingest_said = True
-        self.metrics.ingest_native.set(1 if self.native is not None else 0)
+        self.core.metrics.ingest_native.set(1 if self.native is not None else 0)
 
     def _close_native(self) -> None:
         if self.native is not None:
             self.native.close()
 
     def ready_status(self) -> tuple[int, dict]:
-        status, body = super().ready_status()
+        status, body = self.core.ready_status()
         body["ingest"] = "native" if self.native is not None else "python"
         return status, body
 
@@ -316,34 +320,35 @@ class BatchWorker(BatchCommits, ClientRenewal, WorkerCore):
     def _step(self, batch: Batch) -> None:
         """One consumed batch: processed and published by partition, then what is due of
         commits, transactions and snapshots, and the loop's gauges."""
+        core = self.core
         groups = batch.groups
         if self.reset_pending:  # a transaction aborted in this consume's rebalance callback
             for p in self.reset_held():
                 groups.pop(p, None)
         if groups:
-            self.process_groups(groups, self.needs_headers)
+            core.process_groups(groups, core.needs_headers)
             if batch.count >= self.batch_size:  # a backlog: the speed a replay reads and applies at
-                self.rate.observe(batch.count, time.perf_counter() - batch.started)
+                core.budget.rate.observe(batch.count, time.perf_counter() - batch.started)
         t1 = time.perf_counter()
-        if self.transaction is None:
+        if core.transactions.transaction is None:
             self._commit_if_due()
-        elif self.commits.due():
+        elif core.limits.cadence.due():
             self._transaction_round()
-        self.finish_writer()
-        self.snapshot_next()
-        if self.cadence.due():
-            self.snapshot_round()
-        self.metrics.checkpoint_paused(time.perf_counter() - t1)
-        self.waiting.tick(len(self.assigned))
-        self.record_lag(self._log_end)
-        self.record_replay()
-        self.ticks.check(self.slots)
+        core.finish_writer()
+        core.snapshot_next()
+        if core.checkpointer.cadence.due():
+            core.snapshot_round()
+        core.metrics.checkpoint_paused(time.perf_counter() - t1)
+        core.waiting.tick(len(core.assigned))
+        core.record_lag(self._log_end)
+        core.record_replay()
+        core.ticks.check(core.slots)
 
     native = None  # the native ingest reader (grudge_stream.runtime.native), None on today's path
     _ingest_said = False
 
     def _start_http(self) -> None:
-        api = WorkerHTTP(self, gate=getattr(self, "query_gate", None))
+        api = WorkerHTTP(self.core, gate=getattr(self, "query_gate", None), ready_status=self.ready_status)
         if sys.getswitchinterval() > QUERY_SWITCH_INTERVAL_S:
             # The request threads share the interpreter with the consume loop: at the default
             # 5 ms, each of the dozen points where a query waits for the interpreter lock (a
@@ -369,8 +374,8 @@ def run_batch_worker(topology: Topology, settings: Settings, *, create_topics: b
                  create_source=create_source)
     worker = BatchWorker(topology, settings)
     # A topology keyed by a field: its repartition stage feeds the topic the worker reads.
-    stage = start_stage(topology, settings, metrics=worker.metrics, liveness=worker.liveness,
-                        client_config=worker.client_config)
+    stage = start_stage(topology, settings, metrics=worker.core.metrics, liveness=worker.core.liveness,
+                        client_config=worker.core.client_config)
     try:
         return worker.run()
     except (CheckpointError, DeliveryError, WorkerFault) as exc:  # stopped without a snapshot past it

@@ -44,36 +44,36 @@ class BatchCommits:
             log.info("offset commit deferred to the next round: %s", err.str())
             return
         self.committed.update(offsets)
-        self.metrics.commits.labels(self.topology.operator_id).inc()
+        self.core.metrics.commits.labels(self.core.topology.operator_id).inc()
 
     def checkpoint(self, partitions=None) -> None:
         """On revocation and shutdown (blocking): outputs delivered (or in the transaction),
         every changed partition of ``partitions`` snapshotted, and every offset reached
         committed."""
-        if self.no_more_snapshots:
+        if self.core.checkpointer.no_more_snapshots:
             return
-        parts = sorted(self.slots) if partitions is None else [p for p in partitions if p in self.slots]
-        dirty = self.dirty(parts)
+        parts = sorted(self.core.slots) if partitions is None else [p for p in partitions if p in self.core.slots]
+        dirty = self.core.dirty(parts)
         moved = {p: o for p, o in self._moved().items() if p in parts}
-        txn = self.transaction
+        txn = self.core.transactions.transaction
         if txn is not None:
             if not txn.open and not dirty and not moved:
                 return
             txn.begin()
         elif moved and not dirty:
-            self.publisher.flush(should_stop=self.is_stopping)
-        offsets = {**moved, **self.write_snapshots(dirty)}
+            self.core.publisher.flush(should_stop=self.is_stopping)
+        offsets = {**moved, **self.core.write_snapshots(dirty)}
         if txn is not None:
             txn.commit(self.topic, offsets)
             self.committed.update(offsets)
-            self.metrics.commits.labels(self.topology.operator_id).inc()
+            self.core.metrics.commits.labels(self.core.topology.operator_id).inc()
         elif offsets:
             self.commit_offsets(offsets)
-        self.checkpointed(offsets)
+        self.core.checkpointed(offsets)
 
     def _moved(self) -> dict[int, int]:
         """Each slot's next offset where it moved past the last commit."""
-        return {p: s.operator.next_offset for p, s in self.slots.items()
+        return {p: s.operator.next_offset for p, s in self.core.slots.items()
                 if s.operator.next_offset is not None and s.operator.next_offset > self.committed.get(p, -1)}
 
     def _commit_if_due(self) -> None:
@@ -81,17 +81,17 @@ class BatchCommits:
         stream's position; commit them (asynchronously) once every output before that position
         is delivered. Never waits, except to re-send refused outputs."""
         pending = self._pending_commit
-        publisher = self.publisher
+        publisher = self.core.publisher
         if pending is not None:
             if publisher.has_failures():
                 try:
                     publisher.flush(should_stop=self.is_stopping)
                 except DeliveryError as exc:
-                    self.round_failed(exc)
+                    self.core.round_failed(exc)
                     return
             mark, offsets = pending
             if publisher.delivered_through(mark):
-                offsets = {p: o for p, o in offsets.items() if p in self.slots}
+                offsets = {p: o for p, o in offsets.items() if p in self.core.slots}
                 if offsets:
                     try:
                         self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
@@ -102,10 +102,10 @@ class BatchCommits:
                         log.info("offset commit deferred to the next interval: %s", exc.args[0].str())
                     else:
                         self.committed.update(offsets)
-                        self.metrics.commits.labels(self.topology.operator_id).inc()
+                        self.core.metrics.commits.labels(self.core.topology.operator_id).inc()
                 self._pending_commit = None
-        if self._pending_commit is None and self.commits.due():
-            self.commits.done()
+        if self._pending_commit is None and self.core.limits.cadence.due():
+            self.core.limits.cadence.done()
             moved = self._moved()
             if moved:
                 self._pending_commit = (publisher.mark(), moved)
@@ -115,8 +115,8 @@ class BatchCommits:
         and the offsets reached. Periodic snapshots are not in it: they are written in the
         background like at-least-once ones, their manifests once a transaction holding every
         output before their copy has committed (``WorkerCore.finish_writer``)."""
-        txn = self.transaction
-        self.commits.done()
+        txn = self.core.transactions.transaction
+        self.core.limits.cadence.done()
         moved = self._moved()
         if not txn.open and not moved:
             return
@@ -124,13 +124,13 @@ class BatchCommits:
             txn.begin()
             txn.commit(self.topic, moved)
         except (CheckpointError, DeliveryError) as exc:
-            self.round_failed(exc)  # raises: a failed transaction ends the worker
+            self.core.round_failed(exc)  # raises: a failed transaction ends the worker
         except (KafkaException, TransactionStuck) as exc:
             self.abort_transaction(exc)
             self.reset_held()
             return
         self.committed.update(moved)
-        self.metrics.commits.labels(self.topology.operator_id).inc()
+        self.core.metrics.commits.labels(self.core.topology.operator_id).inc()
 
     def abort_transaction(self, exc: KafkaException | TransactionStuck) -> None:
         """Exactly-once: the open transaction failed in a way that only aborts it (the member
@@ -141,7 +141,7 @@ class BatchCommits:
         fenced, or one stuck in a call, is replaced first (``_renew_producer``); any other
         fatal error is raised: the worker ends (one line, exit 2)."""
         err = exc.args[0] if exc.args else None
-        if self.transaction is None:
+        if self.core.transactions.transaction is None:
             raise exc
         if isinstance(exc, TransactionStuck):
             self._renew_producer(exc, stuck=True)
@@ -155,19 +155,19 @@ class BatchCommits:
             log.warning("transaction aborted (%s): the outputs since the last commit are dropped, and the "
                         "partitions held go back to their last snapshots", err.str())
             try:
-                _resume(lambda: self.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
+                _resume(lambda: self.core.transactions.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
             except TransactionStuck as stuck:
                 self._renew_producer(stuck, stuck=True)
             else:
-                self.transaction.open = False
-                self.publisher.drop_unfinished()
-        w = self.writer
+                self.core.transactions.transaction.open = False
+                self.core.publisher.drop_unfinished()
+        w = self.core.checkpointer.writer
         if w is not None:  # its manifest would cover outputs that were just aborted
             w.cancelled.set()
             w.done.wait()
-            self.writer = None
-        self._snapshot_queue.clear()
-        self.metrics.transactions_aborted.inc()
+            self.core.checkpointer.writer = None
+        self.core.checkpointer.queue.clear()
+        self.core.metrics.transactions_aborted.inc()
         self.reset_pending = True
 
     def reset_held(self) -> list[int]:
@@ -176,15 +176,15 @@ class BatchCommits:
         the records up to the group's committed offset are replayed silently, as after any
         restore. The partitions reset."""
         self.reset_pending = False
-        parts = sorted(self.slots)
+        parts = sorted(self.core.slots)
         if not parts:
             return parts
-        committed = self.group_committed(parts)
+        committed = self.core.group_committed(parts)
         for p in parts:
-            self.slots.pop(p, None)
-            self.store.forget(self.topology.operator_id, p)
-            self.commit_limits.pop(p, None)
+            self.core.slots.pop(p, None)
+            self.core.store.forget(self.core.topology.operator_id, p)
+            self.core.limits.limits.pop(p, None)
             self.consumer.seek(TopicPartition(self.topic, p, self._restore_slot(p, committed.get(p))))
         log.info("partitions %s restored again after the aborted transaction", parts)
-        self.record_assignment()
+        self.core.record_assignment()
         return parts

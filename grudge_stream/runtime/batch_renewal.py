@@ -59,31 +59,31 @@ class ClientRenewal:
         consumer rejoins under the same ``group_instance_id`` (fencing the other incarnation,
         if one still runs). More than ``CONSUMER_RENEWALS_MAX`` renewals within
         ``CONSUMER_RENEWALS_WINDOW_S`` end the worker with ``EXIT_FAULT``."""
-        self.metrics.consumer_fatal.inc()
+        self.core.metrics.consumer_fatal.inc()
         now = time.monotonic()
         self._consumer_renewals = [t for t in self._consumer_renewals if now - t < CONSUMER_RENEWALS_WINDOW_S]
         if len(self._consumer_renewals) >= CONSUMER_RENEWALS_MAX:
             log.error("the consumer failed for good again (%s): %d times within %.0f s; ending the worker "
                       "for a restart (exit %d)", exc, len(self._consumer_renewals) + 1,
                       CONSUMER_RENEWALS_WINDOW_S, exit_code(exc))
-            self.no_more_snapshots = True
+            self.core.checkpointer.no_more_snapshots = True
             raise exc
         self._consumer_renewals.append(now)
-        held = sorted(set(self.slots) | self.assigned)
+        held = sorted(set(self.core.slots) | self.core.assigned)
         log.error("the consumer failed for good (%s): a new consumer rejoins the group%s; the %d partitions "
                   "held are released without a snapshot and go back to their last snapshots",
-                  exc, f" as {self.instance_id!r}" if self.instance_id else "", len(held))
+                  exc, f" as {self.core.instance_id!r}" if self.core.instance_id else "", len(held))
         # A background snapshot in flight is dropped: its manifest is never written.
-        w = self.writer
+        w = self.core.checkpointer.writer
         if w is not None:
             w.cancelled.set()
             w.done.wait()
-            self.writer = None
-        self._snapshot_queue.clear()
-        txn = self.transaction
+            self.core.checkpointer.writer = None
+        self.core.checkpointer.queue.clear()
+        txn = self.core.transactions.transaction
         if txn is not None and txn.open:
             try:
-                _resume(lambda: self.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
+                _resume(lambda: self.core.transactions.producer.abort_transaction(TXN_CALL_TIMEOUT_S))
             except TransactionStuck as stuck:
                 self._renew_producer(stuck, stuck=True)
             except KafkaException as kexc:
@@ -92,14 +92,14 @@ class ClientRenewal:
                 self._renew_producer(kexc)
             else:
                 txn.open = False
-                self.publisher.drop_unfinished()
-            self.metrics.transactions_aborted.inc()
+                self.core.publisher.drop_unfinished()
+            self.core.metrics.transactions_aborted.inc()
         self.reset_pending = False
-        self.release(held)
+        self.core.release(held)
         self.committed.clear()
         self._pending_commit = None
-        self.in_group = False
-        self.record_assignment()
+        self.core.in_group = False
+        self.core.record_assignment()
         old = self.consumer
         self._close_native()
         self.consumer = Consumer(self._consumer_conf)
@@ -110,7 +110,7 @@ class ClientRenewal:
         closer.start()
         closer.join(CONSUMER_CLOSE_LIMIT_S)
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
-        self.metrics.consumers_renewed.inc()
+        self.core.metrics.consumers_renewed.inc()
 
     def _renew_producer(self, exc: KafkaException | TransactionStuck, stuck: bool = False) -> None:
         """The broker aborted the open transaction itself and fenced the producer (the cluster
@@ -130,8 +130,8 @@ class ClientRenewal:
         log.warning("the transactional producer cannot go on (%s): a new producer takes over, the "
                     "outputs since the last commit are dropped, and the partitions held go back to "
                     "their last snapshots", why)
-        self.renew_producer(stuck=stuck)
-        self.metrics.producers_renewed.inc()
+        self.core.renew_producer(stuck=stuck)
+        self.core.metrics.producers_renewed.inc()
 
 
 def _close_quietly(consumer: Consumer) -> None:

@@ -1,9 +1,35 @@
 """The runtime-neutral worker core: what both runtimes do the same way, built from parts.
 
-The two adapters (``grudge_stream.runtime.batch``, the confluent-kafka consumer loop,
-and ``grudge_stream.runtime.faust.worker``, the Faust app) differ in how records arrive and
-how the group is joined; everything else is here, once. ``WorkerCore`` holds one part
-per job, each in a module of its own, and ties them together:
+The runtimes (``grudge_stream.runtime.batch``, the confluent-kafka consumer loop;
+``grudge_stream.runtime.faust.worker``, the Faust app; ``grudge_stream.runtime.embedded``, a
+state fed by its caller's own loop) differ in how records arrive and how the group is
+joined; everything else is here, once. A runtime does not subclass the core: it holds one,
+built with the few things only it knows, its **hooks**, as keyword arguments::
+
+    self.core = WorkerCore(topology, settings, runtime="batch", log=log,
+                           is_stopping=self.stopping.is_set,    # () -> bool
+                           commit_offsets=self.commit_offsets,  # ({partition: offset}) -> None
+                           yield_to_queries=self.yield_to_queries)  # () -> None
+
+- ``runtime``: its name (in the members directory record), ``log``: its logger;
+- ``is_stopping()``: whether the worker is shutting down (flushes and snapshot writes stop
+  waiting on the broker); default: never;
+- ``commit_offsets(offsets)``: commit the group's offsets of a checkpoint round without a
+  transaction (batch: its consumer); default: nothing (Faust's consumer commits up to the
+  commit limits on its own timer);
+- ``yield_to_queries()``: called between the partitions of a batch, to let live queries in
+  flight finish first (batch: ``serving.QueryGate``); default: nothing.
+
+The source's partition count and its low watermarks are asked with the core's own clients,
+never an adapter's consumer (see ``BatchWorker``'s note on rebalance callbacks). The group
+membership the adapter learns in its rebalance callbacks it sets as ``core.in_group``.
+
+The runtime then calls the core's steps (``restore``, ``resume``, ``process_groups``,
+``checkpoint``, ``record_replay``, ...) and reads its parts directly:
+``core.partition_slots``, ``core.checkpointer`` (``core.budget``), ``core.limits``,
+``core.offsets``, ``core.transactions``, ``core.membership``; ``core.slots``,
+``core.assigned`` and ``core.partition_count`` read the partition slots'. The parts, one
+per job, each in a module of its own:
 
 - **partitions** (``grudge_stream.runtime.slots``, ``PartitionSlots``): one
   ``PartitionSlot`` per assigned source partition; ``restore`` (blocking) loads the newest
@@ -76,70 +102,45 @@ __all__ = ["FAST_CONSUMER", "CheckpointCadence", "ProcessingRate", "SnapshotWrit
 # A shutdown whose final snapshots take longer logs its progress this often.
 SHUTDOWN_PROGRESS_S = 10.0
 
+_LOG = logging.getLogger("grudge_stream.runtime")
 
-class _Held:
-    """A ``WorkerCore`` attribute that one of its parts keeps: read and set through the
-    part (``part``, its attribute ``name``), under the name the runtimes know."""
 
-    __slots__ = ("part", "name")
+def _never() -> bool:
+    return False
 
-    def __init__(self, part: str, name: str = "") -> None:
-        self.part, self.name = part, name
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = self.name or name
+def _nothing() -> None:
+    pass
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        return self if obj is None else getattr(getattr(obj, self.part), self.name)
 
-    def __set__(self, obj: Any, value: Any) -> None:
-        setattr(getattr(obj, self.part), self.name, value)
+def _commit_nothing(offsets: dict[int, int]) -> None:
+    pass
 
 
 class WorkerCore:
-    """The state and bookkeeping of one worker, whichever runtime feeds it.
+    """The state and bookkeeping of one worker, whichever runtime feeds it and holds it.
 
     It holds its parts (the module docstring): ``partition_slots`` (``PartitionSlots``),
     ``checkpointer`` (``Checkpointer``) with its ``budget`` (``SnapshotBudget``),
     ``limits`` (``CommitLimits``), ``offsets`` (``GroupOffsets``), ``transactions``
-    (``Transactions``) and ``membership`` (``Membership``); the names below are theirs,
-    read and set through them.
-
-    An adapter subclasses it and may override ``_topic_partition_count()`` and
-    ``_low_watermark(partition)`` (blocking; by default asked with clients of their own),
-    ``commit_offsets`` (a consumer commit) and ``is_stopping``. ``log`` is the adapter's
-    logger.
+    (``Transactions``) and ``membership`` (``Membership``). The runtime's hooks
+    (``runtime``, ``log``, ``is_stopping``, ``commit_offsets``, ``yield_to_queries``) are
+    keyword arguments, as the module docstring shows.
     """
 
-    # The group gave this member an assignment (maybe empty) since its last revocation: an
-    # adapter sets it in its rebalance callbacks.
-    in_group: bool = False
-
-    runtime = ""
-    log = logging.getLogger("grudge_stream.runtime")
-
-    slots = _Held("partition_slots")
-    assigned = _Held("partition_slots")
-    partition_count = _Held("partition_slots")
-    # Per source partition, the offset a durable snapshot covers: the group's committed
-    # offset never runs ahead of it.
-    commit_limits = _Held("limits", "limits")
-    commits = _Held("limits", "cadence")  # offsets commit every commit_interval_s, apart from snapshots
-    _pending_limits = _Held("limits", "pending")
-    cadence = _Held("checkpointer")
-    writer = _Held("checkpointer")  # the at-least-once background snapshot in flight
-    _snapshot_queue = _Held("checkpointer", "queue")  # the due partitions waiting for their copy
-    _background_store = _Held("checkpointer", "background")
-    no_more_snapshots = _Held("checkpointer")
-    rate = _Held("budget")
-    replay_budget_s = _Held("budget")
-    snapshot_max_age_s = _Held("budget")
-    producer = _Held("transactions")
-    transaction = _Held("transactions")
-    members = _Held("membership", "directory")
-
-    def __init__(self, topology: Topology, settings: Settings, *, exactly_once: bool = False,
+    def __init__(self, topology: Topology, settings: Settings, *, runtime: str = "",
+                 log: logging.Logger = _LOG, is_stopping: Callable[[], bool] = _never,
+                 commit_offsets: Callable[[dict[int, int]], None] = _commit_nothing,
+                 yield_to_queries: Callable[[], None] = _nothing, exactly_once: bool = False,
                  bootstrap_servers: str | None = None, client_properties: dict | None = None) -> None:
+        self.runtime = runtime
+        self.log = log
+        self.is_stopping = is_stopping
+        self.commit_offsets = commit_offsets
+        self.yield_to_queries = yield_to_queries
+        # The group gave this member an assignment (maybe empty) since its last revocation: the
+        # runtime sets it in its rebalance callbacks.
+        self.in_group = False
         self.topology = topology
         self.settings = settings
         self.bootstrap = bootstrap_servers or settings.bootstrap_servers
@@ -167,13 +168,14 @@ class WorkerCore:
         self._replay_recorded = 0.0
         self.transactions = Transactions(settings, self.app_id, self.instance_id, self.bootstrap,
                                          self.client_config, self.log, exactly_once=exactly_once)
-        self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=self.producer,
+        producer = self.transactions.producer  # the transactional one, or None
+        self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=producer,
                                          operator_id=topology.operator_id, metrics=self.metrics,
                                          client_config=self.client_config)
         self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic, client_config=self.client_config,
                                      chunk_bytes=setting(settings, "snapshot_chunk_bytes"),
                                      chunk_delay_s=setting(settings, "snapshot_chunk_delay_s"),
-                                     producer=self.producer, open_transaction_wait_s=open_transaction_wait(settings))
+                                     producer=producer, open_transaction_wait_s=open_transaction_wait(settings))
         self.checkpointer = Checkpointer(cadence, self.budget, self.partition_slots, self.transactions, self.store,
                                          self.publisher, self.liveness, lambda: self.is_stopping(), self.log)
         self.broker = BrokerProbe(self.client_config, self.topic)
@@ -211,7 +213,24 @@ class WorkerCore:
         self.publisher.drop_unfinished(producer)
         self.store.use_producer(producer)
 
-    # -- adapter hooks ----------------------------------------------------------------------------
+    # -- the partition slots' state, read-only ----------------------------------------------------
+
+    @property
+    def slots(self) -> dict[int, PartitionSlot]:
+        """The slots of the partitions held, by partition (``PartitionSlots.slots``)."""
+        return self.partition_slots.slots
+
+    @property
+    def assigned(self) -> set[int]:
+        """The source partitions assigned to this worker (``PartitionSlots.assigned``)."""
+        return self.partition_slots.assigned
+
+    @property
+    def partition_count(self) -> int | None:
+        """The source topic's partition count, once asked (``count``)."""
+        return self.partition_slots.partition_count
+
+    # -- the source's partition count and low watermarks, with clients of the core's own -------
 
     def _topic_partition_count(self) -> int:
         """The source's partition count, asked with a client of its own (the batch adapter
@@ -235,9 +254,6 @@ class WorkerCore:
         finally:
             c.close()
 
-    def is_stopping(self) -> bool:
-        return False
-
     @contextlib.contextmanager
     def shutdown_progress(self, what: str, every_s: float = SHUTDOWN_PROGRESS_S) -> Iterator[None]:
         """Log every ``every_s`` while ``what`` (the final snapshots) is still running, so a
@@ -260,10 +276,6 @@ class WorkerCore:
             thread.join(1.0)
             if time.monotonic() - t0 >= every_s:
                 self.log.info("stopping: %s done after %.0f s", what, time.monotonic() - t0)
-
-    def commit_offsets(self, offsets: dict[int, int]) -> None:
-        """Commit the group's offsets of a round without a transaction (batch: the consumer;
-        Faust: nothing, its consumer commits up to ``commit_limits`` on its own timer)."""
 
     # -- assignment and restore (PartitionSlots) --------------------------------------------------
 
@@ -311,7 +323,7 @@ class WorkerCore:
         """Bookkeeping after a round: commit limits up to the snapshots (never back), the
         cadence restarted."""
         self.limits.raise_to(offsets)
-        self.cadence.done()
+        self.checkpointer.cadence.done()
 
     def snapshot_round(self) -> None:
         """At-least-once: the due partitions queued for the background (``Checkpointer.round``)."""
@@ -334,10 +346,10 @@ class WorkerCore:
     def checkpoint(self, partitions=None) -> None:
         """One checkpoint round, blocking: snapshots of every changed partition of
         ``partitions``, then their offsets committed (in the transaction, with exactly-once)."""
-        if self.no_more_snapshots:
+        if self.checkpointer.no_more_snapshots:
             return
         dirty = self.dirty(partitions)
-        txn = self.transaction
+        txn = self.transactions.transaction
         if txn is not None:
             if not txn.open and not dirty:
                 return
@@ -351,13 +363,9 @@ class WorkerCore:
 
     def begin_outputs(self) -> None:
         """Before publishing outputs: with exactly-once they open the interval's transaction."""
-        if self.transaction is not None:
-            self.transaction.begin()
-
-    def yield_to_queries(self) -> None:
-        """Between partitions: the batch runtime lets live queries in flight finish first
-        (``serving.QueryGate``); the Faust runtime answers them on its event loop, between
-        the loop's awaits, and has nothing to do here."""
+        txn = self.transactions.transaction
+        if txn is not None:
+            txn.begin()
 
     def process_groups(self, groups: dict[int, Any], records: bool = False) -> None:
         """The one "process, then publish" step of every runtime: each partition's records
@@ -366,12 +374,13 @@ class WorkerCore:
         (offsets, timestamps, keys, values), or lists of ``SourceRecord`` with ``records``
         (operators that declare ``needs_headers``). A partition without a slot here (not or
         no longer owned) is skipped: its owner processes it from its snapshot position."""
-        topic, slots = self.topic, self.slots
+        topic, slots = self.topic, self.partition_slots.slots
+        yield_to_queries = self.yield_to_queries
         for p, chunk in groups.items():
             slot = slots.get(p)
             if slot is None:
                 continue
-            self.yield_to_queries()
+            yield_to_queries()
             with slot.lock:
                 out = slot.process(chunk) if records else slot.process_columns(topic, *chunk)
             if out:

@@ -22,7 +22,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from grudge_stream.serving.queries import LOOP_SLICE
 
@@ -49,16 +49,19 @@ def _json(status: int, doc: Any, headers: Mapping[str, str] | None = None) -> An
 class WorkerHTTP:
     """The HTTP API of one worker (a ``WorkerCore``: ``ready_status``, ``liveness``,
     ``metrics``, ``queries``). ``gate``: the batch runtime's ``QueryGate``, held while a
-    score request is worked on so it runs ahead of the consume loop; None elsewhere."""
+    score request is worked on so it runs ahead of the consume loop; None elsewhere.
+    ``ready_status``: what ``/ready`` answers, when the runtime adds to the core's."""
 
-    def __init__(self, worker: Any, gate: Any = None) -> None:
+    def __init__(self, worker: Any, gate: Any = None, ready_status: Callable[[], tuple[int, dict]] | None = None
+                 ) -> None:
         self.worker = worker
         self.gate = gate
+        self._ready_status = ready_status
 
     def health(self, path: str) -> Answer | None:
         """``/ready``, ``/live`` or ``/metrics``; None for any other path."""
         if path.startswith("/ready"):
-            return _json(*self.worker.ready_status())
+            return _json(*(self._ready_status or self.worker.ready_status)())
         if path.startswith("/live"):
             return _json(*self.worker.liveness.status())
         if path.startswith("/metrics"):

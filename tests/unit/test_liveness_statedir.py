@@ -107,22 +107,26 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     from grudge_stream.metrics import Metrics
     from grudge_stream.runtime.batch import BatchWorker
     from grudge_stream.runtime.checkpointer import SnapshotBudget
+    from grudge_stream.runtime.core import WorkerCore
     from grudge_stream.runtime.slots import PartitionSlots
     from grudge_stream.serving import PartitionerCheck
 
     clock = FakeClock()
     worker = object.__new__(BatchWorker)  # no Kafka clients: only what the HTTP handler reads
+    core = worker.core = object.__new__(WorkerCore)
     port = free_port()
     worker.settings = Settings({"web_port": str(port)}, environ={})
-    worker.liveness = Liveness(60.0, clock=clock)
-    worker.metrics = Metrics()
+    core.liveness = Liveness(60.0, clock=clock)
+    core.metrics = Metrics()
+    core.in_group = False
     # A restored partition: what /ready reports of its restore replay (the core's slots and
     # snapshot budget parts).
-    worker.partition_slots = PartitionSlots(None, worker.metrics, partition_count=lambda: 1,
-                                            low_watermark=lambda p: 0)
-    worker.budget = SnapshotBudget(10.0, 3600.0, worker.partition_slots)
-    worker.assigned, worker.slots = {0}, {0: SimpleNamespace(unsnapshotted=5000, last_snapshot_wall=0.0)}
-    worker.partitioner_check = PartitionerCheck("murmur2")
+    core.partition_slots = PartitionSlots(None, core.metrics, partition_count=lambda: 1,
+                                          low_watermark=lambda p: 0)
+    core.budget = SnapshotBudget(10.0, 3600.0, core.partition_slots)
+    core.partition_slots.assigned = {0}
+    core.partition_slots.slots = {0: SimpleNamespace(unsnapshotted=5000, last_snapshot_wall=0.0)}
+    core.partitioner_check = PartitionerCheck("murmur2")
 
     class Reachable:  # the broker probe: the cluster answers
         reachable, error = True, None
@@ -130,7 +134,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
         def ok(self) -> bool:
             return True
 
-    worker.broker = Reachable()
+    core.broker = Reachable()
     worker.native = None  # today's ingest path
     worker._http = None
     worker._start_http()
@@ -144,10 +148,10 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
         status, ready = _get(base + "/ready")
         assert status == 200, "readiness cannot tell: that is what /live is for"
         assert ready["replay"]["0"]["replay_records"] == 5000 and ready["restore_budget_exceeded"] == []
-        worker.liveness.beat()
+        core.liveness.beat()
         assert _get(base + "/live")[0] == 200
-        worker.broker.ok = lambda: False  # the cluster stopped answering
-        worker.broker.reachable, worker.broker.error = False, "all brokers down"
+        core.broker.ok = lambda: False  # the cluster stopped answering
+        core.broker.reachable, core.broker.error = False, "all brokers down"
         status, body = _get(base + "/ready")
         assert status == 503 and body["broker"] is False and body["broker_error"] == "all brokers down"
     finally:

@@ -270,17 +270,18 @@ def test_exactly_once_replaces_a_fenced_or_stuck_producer_but_not_one_fenced_twi
 
     renewed: list[bool] = []
     aborted: list[int] = []
-    worker = types.SimpleNamespace(
-        settings=Settings({}), transaction=types.SimpleNamespace(open=True), writer=None,
-        _snapshot_queue=[1], reset_pending=False, _fenced_at=float("-inf"),
+    core = types.SimpleNamespace(
+        transactions=types.SimpleNamespace(transaction=types.SimpleNamespace(open=True)),
+        checkpointer=types.SimpleNamespace(writer=None, queue=[1]),
         renew_producer=lambda stuck=False: renewed.append(stuck),
         metrics=types.SimpleNamespace(producers_renewed=types.SimpleNamespace(inc=lambda: None),
                                       transactions_aborted=types.SimpleNamespace(inc=lambda: aborted.append(1))))
+    worker = types.SimpleNamespace(settings=Settings({}), core=core, reset_pending=False, _fenced_at=float("-inf"))
     worker._renew_producer = lambda exc, stuck=False: BatchWorker._renew_producer(worker, exc, stuck)
     fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
 
     BatchWorker.abort_transaction(worker, fenced)
-    assert renewed == [False] and worker.reset_pending and worker._snapshot_queue == [] and aborted == [1]
+    assert renewed == [False] and worker.reset_pending and core.checkpointer.queue == [] and aborted == [1]
     BatchWorker.abort_transaction(worker, TransactionStuck("blocked"))  # stuck: never counts as a fencing
     assert renewed == [False, True]
     with pytest.raises(KafkaException, match="fenced"):

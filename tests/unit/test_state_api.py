@@ -92,15 +92,16 @@ class _Core:
     """A core holding operators without a broker (what SketchState reads of one)."""
 
     def __init__(self, state, partitions):
+        from types import SimpleNamespace
+
         from grudge_stream.partitions import PartitionSlot, RestoreOutcome
 
         self.slots = {p: PartitionSlot(state.topology, p, RestoreOutcome(state.topology.make_operator(p), None,
                                                                          "fresh", 0.0), 4)
                       for p in partitions}
+        self.partition_slots = SimpleNamespace(slots=self.slots)
         self.published = []
-
-    def publish(self, out):
-        self.published.extend(out)
+        self.publisher = SimpleNamespace(publish=self.published.extend)
 
 
 def started(state, partitions=(0, 1)):

@@ -137,7 +137,7 @@ class CheckpointedConsumer(SnapshotConsumerMixin, AIOKafkaConsumer):
         # while the flow is stopped (a rebalance) or the loop is blocked downstream.
         runtime = getattr(self.app, "grudge_runtime", None)
         if runtime is not None:
-            runtime.liveness.beat()
+            runtime.core.liveness.beat()
         return await super()._wait_next_records(timeout)
 
     def _grudge_owner(self) -> Any:
@@ -163,8 +163,8 @@ class CheckpointedConsumer(SnapshotConsumerMixin, AIOKafkaConsumer):
         runtime = getattr(self.app, "grudge_runtime", None)
         tps = set(self._acked)
         if runtime is not None:
-            source = runtime.topic
-            tps.update(TP(source, p) for p in list(runtime.commit_limits))
+            source = runtime.core.topic
+            tps.update(TP(source, p) for p in list(runtime.core.limits.limits))
         return (tp for tp in tps if topics is None or tp in topics or tp.topic in topics)
 
     async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - exercised via workers
@@ -193,7 +193,7 @@ class CheckpointedConsumer(SnapshotConsumerMixin, AIOKafkaConsumer):
         """
         consumer_should_stop = self._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
-        source = runtime.topology.source_topic
+        source = runtime.core.topology.source_topic
         set_read_offset = self._read_offset.__setitem__
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
@@ -236,9 +236,9 @@ class CheckpointedConsumer(SnapshotConsumerMixin, AIOKafkaConsumer):
         # Faust's ack bookkeeping decides nothing here: drop it so it cannot grow.
         self._acked[tp].clear()
         self._acked_index[tp].clear()
-        if owner is None or tp.topic != owner.topic:
+        if owner is None or tp.topic != owner.core.topic:
             return None
-        return owner.commit_limits.get(tp.partition)  # type: ignore[no-any-return]
+        return owner.core.limits.limits.get(tp.partition)  # type: ignore[no-any-return]
 
 
 class GrudgeApp(faust.App):

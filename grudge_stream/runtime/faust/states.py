@@ -105,7 +105,7 @@ class FaustStates:
         for state in list(self.states.values()):
             core = getattr(state, "core", None)
             if core is not None:
-                core.no_more_snapshots = True
+                core.checkpointer.no_more_snapshots = True
                 core.metrics.consumer_fatal.inc()
         self.exit_status = EXIT_FAULT
         self.fatal = str(exc)
@@ -237,17 +237,17 @@ class FaustStates:
 
     async def _checkpoint(self, state, partitions=None, should_stop=None) -> None:
         core = state.core
-        if core is None or core.no_more_snapshots:
+        if core is None or core.checkpointer.no_more_snapshots:
             return
         positions = self._positions(state, partitions)
         for p, o in positions.items():
             op = core.slots[p].operator if p in core.slots else None
             if op is not None and (op.next_offset is None or o > op.next_offset):
                 op.next_offset = o
-        taken = core.take_snapshots(partitions)
+        taken = state.embedded.take_snapshots(partitions)
         if taken:
             await self._run(state.write_snapshots, taken, should_stop)
-        core.cadence.done()
+        core.checkpointer.cadence.done()
         return positions
 
     async def tick(self) -> None:
@@ -258,14 +258,14 @@ class FaustStates:
             consumer.grudge_release_stale_hold()
         if not self.started or self.stopping or self.lock.locked():
             return
-        if any(s.core is not None and s.core.cadence.due() for s in self.states.values()):
+        if any(s.core is not None and s.core.checkpointer.cadence.due() for s in self.states.values()):
             asyncio.ensure_future(self._round())
 
     async def _round(self) -> None:
         async with self.lock:
             for state in self.states.values():
                 core = state.core
-                if core is None or not core.cadence.due():
+                if core is None or not core.checkpointer.cadence.due():
                     continue
                 try:
                     await self._checkpoint(state)

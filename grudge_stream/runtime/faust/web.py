@@ -161,9 +161,9 @@ class StatesWeb:
         """Every state's members directory closed (a clean stop: its record withdrawn)."""
         for state in self.states.states.values():
             core = state.core
-            if core is not None and core.members is not None:
-                core.members.close()
-                core.members = None
+            if core is not None and core.membership.directory is not None:
+                core.membership.directory.close()
+                core.membership.directory = None
 
 
 def current_position(state, sample: Callable[[Any, Any], None] | None = None) -> tuple[int, int, int]:

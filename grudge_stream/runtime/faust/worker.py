@@ -66,21 +66,20 @@ def _headers(headers) -> list[tuple[str, bytes]] | None:
     return list(headers)
 
 
-class FaustRuntime(WorkerCore):
-    """Per-worker state (``WorkerCore``) fed by Faust: restores run in an executor, the
-    checkpoint round's writes too, its bookkeeping on the event loop under ``lock``."""
-
-    runtime = "faust"
-    log = log
+class FaustRuntime:
+    """The Faust runtime: it holds the worker's ``WorkerCore`` (``core``) and feeds it from
+    Faust: restores run in an executor, the checkpoint round's writes too, its bookkeeping
+    on the event loop under ``lock``."""
 
     def __init__(self, app: faust.App, topology: Topology, settings: Settings) -> None:
         self.app = app
+        self.settings = settings
         self.drain = setting(settings, "drain")
         if self.drain not in ("batch", "agent"):
             raise ConfigError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
         # The confluent-kafka clients of the core get the security and pass-through client
         # properties (the aiokafka connection gets the same from build_app: broker_credentials).
-        super().__init__(topology, settings)
+        self.core = WorkerCore(topology, settings, runtime="faust", log=log, is_stopping=self.is_stopping)
         self.restoring: dict[int, asyncio.Future] = {}
         self.lock = asyncio.Lock()
         self.stopping = False
@@ -89,13 +88,13 @@ class FaustRuntime(WorkerCore):
         self.fatal: CheckpointError | WorkerFault | None = None
         self.consumer: Any = None  # the Faust consumer, once it positioned partitions
 
-    # -- core hooks -------------------------------------------------------------------------------
+    # -- the core's hook --------------------------------------------------------------------------
 
     def is_stopping(self) -> bool:
         return self.stopping
 
     def _source_partitions(self, tps) -> set[int]:
-        return {tp.partition for tp in tps if tp.topic == self.topic}
+        return {tp.partition for tp in tps if tp.topic == self.core.topic}
 
     # -- assignment -------------------------------------------------------------------------------
 
@@ -104,45 +103,45 @@ class FaustRuntime(WorkerCore):
         if fut is None:
             loop = asyncio.get_running_loop()
             fut = self.restoring[partition] = asyncio.ensure_future(
-                loop.run_in_executor(None, self.restore, partition))
+                loop.run_in_executor(None, self.core.restore, partition))
         return fut
 
     async def on_assigned(self, sender: Any, assigned: set, **kwargs: Any) -> None:
         parts = self._source_partitions(assigned)
-        self.assigned = parts
-        self.in_group = True
-        self.metrics.assigned.set(len(parts))
+        self.core.partition_slots.assigned = parts
+        self.core.in_group = True
+        self.core.metrics.assigned.set(len(parts))
         for p in parts:
-            if p not in self.slots:
+            if p not in self.core.slots:
                 self._start_restore(p)
 
     async def position_partitions(self, consumer: CheckpointedConsumer) -> None:
         """Called from perform_seek: restore every assigned source partition, then seek it."""
         self.consumer = consumer
-        tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
-        self.assigned = {tp.partition for tp in tps}
-        self.metrics.assigned.set(len(tps))
+        tps = [tp for tp in consumer.assignment() if tp.topic == self.core.topic]
+        self.core.partition_slots.assigned = {tp.partition for tp in tps}
+        self.core.metrics.assigned.set(len(tps))
         loop = asyncio.get_running_loop()
-        new = [tp.partition for tp in tps if tp.partition not in self.slots]
+        new = [tp.partition for tp in tps if tp.partition not in self.core.slots]
         # Commits run ahead of snapshots: a restored partition replays silently up to them.
-        committed = await loop.run_in_executor(None, self.group_committed, new) if new else {}
+        committed = await loop.run_in_executor(None, self.core.group_committed, new) if new else {}
         for tp in tps:
             p = tp.partition
-            if p not in self.slots:
-                self.liveness.beat()  # a rebalance's restores count as progress, per partition
+            if p not in self.core.slots:
+                self.core.liveness.beat()  # a rebalance's restores count as progress, per partition
                 try:
                     outcome = await self._start_restore(p)
                 except CheckpointError as exc:  # another deployment's snapshot, a changed partition count
                     self.stop_fatally(exc)
                     return
-                outcome = await loop.run_in_executor(None, self.restart_point, p, outcome, committed.get(p))
-                self.liveness.beat()
+                outcome = await loop.run_in_executor(None, self.core.restart_point, p, outcome, committed.get(p))
+                self.core.liveness.beat()
                 self.restoring.pop(p, None)
-                self.resume(p, outcome, committed.get(p))
-            start = self.slots[p].operator.next_offset
+                self.core.resume(p, outcome, committed.get(p))
+            start = self.core.slots[p].operator.next_offset
             if start is not None:
                 await consumer.seek_from_consumer_thread(tp, start)
-        self.record_assignment()
+        self.core.record_assignment()
 
     def stop_fatally(self, exc: CheckpointError | WorkerFault) -> None:
         """One line, no more snapshots (none may cover a state this worker cannot have), and
@@ -150,19 +149,19 @@ class FaustRuntime(WorkerCore):
         if self.fatal is None:
             log.error("%s", exc)
             self.fatal = exc
-        self.no_more_snapshots = True
+        self.core.checkpointer.no_more_snapshots = True
         os.kill(os.getpid(), signal.SIGTERM)
 
     async def on_revoked(self, sender: Any, revoked: set, **kwargs: Any) -> None:
         parts = self._source_partitions(revoked)
-        self.in_group = False
+        self.core.in_group = False
         async with self.lock:
             try:
-                await self._checkpoint([p for p in parts if p in self.slots])
+                await self._checkpoint([p for p in parts if p in self.core.slots])
             except Exception as exc:  # the partitions go either way; their next owner replays
                 log.error("no snapshot on revocation of %s: %s", sorted(parts), exc)
-            self.release(parts)
-        self.record_assignment()
+            self.core.release(parts)
+        self.core.record_assignment()
 
     # -- processing -------------------------------------------------------------------------------
 
@@ -170,7 +169,8 @@ class FaustRuntime(WorkerCore):
         """Process a batch of Faust events (the ``drain=agent`` path)."""
         async with self.lock:
             by_partition: dict[int, list[SourceRecord]] = defaultdict(list)
-            topic = self.topic
+            core = self.core
+            topic = core.topic
             for ev in events:
                 m = ev.message
                 by_partition[m.partition].append(SourceRecord(
@@ -178,26 +178,27 @@ class FaustRuntime(WorkerCore):
                     _headers(m.headers)))
             t0 = time.perf_counter()
             with self._processing():
-                self.process_groups(by_partition, records=True)
+                core.process_groups(by_partition, records=True)
             # Processing time only: a replay also fetches, at about the same cost again.
-            self.rate.observe(len(events), 2 * (time.perf_counter() - t0))
+            core.budget.rate.observe(len(events), 2 * (time.perf_counter() - t0))
             await self._checkpoint_if_due()
 
     async def handle_records(self, batch: dict[int, list]) -> None:
         """Process fetched aiokafka records, grouped by partition (the batch drain path)."""
         async with self.lock:
-            topic = self.topic
+            core = self.core
+            topic = core.topic
             t0 = time.perf_counter()
             count = sum(len(recs) for recs in batch.values())
             with self._processing():
-                if self.needs_headers:  # forwarding operators read headers: SourceRecords for them only
-                    self.process_groups({p: [SourceRecord(topic, p, r.offset, r.timestamp, r.key, r.value,
+                if core.needs_headers:  # forwarding operators read headers: SourceRecords for them only
+                    core.process_groups({p: [SourceRecord(topic, p, r.offset, r.timestamp, r.key, r.value,
                                                           _headers(r.headers)) for r in recs]
                                          for p, recs in batch.items()}, records=True)
                 else:
-                    self.process_groups(group_records(batch))
+                    core.process_groups(group_records(batch))
             # Processing time only: a replay also fetches, at about the same cost again.
-            self.rate.observe(count, 2 * (time.perf_counter() - t0))
+            core.budget.rate.observe(count, 2 * (time.perf_counter() - t0))
             await self._checkpoint_if_due()
 
     @contextlib.contextmanager
@@ -207,89 +208,92 @@ class FaustRuntime(WorkerCore):
         try:
             yield
         except Exception:
-            self.no_more_snapshots = True
+            self.core.checkpointer.no_more_snapshots = True
             raise
 
     async def _checkpoint_if_due(self) -> None:
         """After a batch, under ``lock``: commit limits moved on (``advance_commit_limits``),
         and a periodic round if the cadence says one is due."""
-        if self.publisher.has_failures():
+        core = self.core
+        if core.publisher.has_failures():
             # Refused outputs are re-sent or dead-lettered by a flush (off the loop).
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: self.publisher.flush(should_stop=self.is_stopping))
+                    None, lambda: core.publisher.flush(should_stop=self.is_stopping))
             except DeliveryError as exc:
-                self.round_failed(exc)
-        self.advance_commit_limits()
+                core.round_failed(exc)
+        core.advance_commit_limits()
         # Snapshots in the background (WorkerCore.snapshot_round): the partitions whose
         # budget is spent are copied one at a time here, between batches, and written by a
         # SnapshotWriter thread while processing goes on; a failed round is logged, not fatal.
-        self.finish_writer()
-        self.snapshot_next()
-        if self.cadence.due():
-            self.snapshot_round()
+        core.finish_writer()
+        core.snapshot_next()
+        if core.checkpointer.cadence.due():
+            core.snapshot_round()
 
     async def _checkpoint(self, partitions: list[int]) -> None:
         """On revocation and shutdown: the background round finished first, then
         ``WorkerCore.checkpoint`` with the writes in an executor and the bookkeeping (commit
         limits, which the consumer reads on the loop) on the loop."""
         loop = asyncio.get_running_loop()
-        if self.writer is not None:
-            await loop.run_in_executor(None, lambda: self.finish_writer(wait=True))
-        if self.no_more_snapshots:
+        if self.core.checkpointer.writer is not None:
+            await loop.run_in_executor(None, lambda: self.core.finish_writer(wait=True))
+        if self.core.checkpointer.no_more_snapshots:
             return
-        dirty = self.dirty(partitions)
+        dirty = self.core.dirty(partitions)
         offsets = {}
         if dirty:
-            offsets = await loop.run_in_executor(None, self.write_snapshots, dirty)
-        self.checkpointed(offsets)
+            offsets = await loop.run_in_executor(None, self.core.write_snapshots, dirty)
+        self.core.checkpointed(offsets)
 
     def _log_end(self, p: int) -> int | None:
-        return self.consumer.highwater(TP(self.topic, p))
+        return self.consumer.highwater(TP(self.core.topic, p))
 
     def watch_coordination(self) -> None:
         """End the worker (``EXIT_FAULT``, no snapshot) once the consumer's group
         coordination has ended for good (``watch_coordination``)."""
         def failed(exc: WorkerFault) -> None:
-            self.metrics.consumer_fatal.inc()
+            self.core.metrics.consumer_fatal.inc()
             self.stop_fatally(exc)
 
         watch_coordination(self.app, failed, lambda: self.stopping or self.fatal is not None)
 
     async def checkpoint_tick(self) -> None:
-        self.waiting.tick(len(self.assigned))
-        self.group_progress.tick(bool(self.assigned))
+        core = self.core
+        core.waiting.tick(len(core.assigned))
+        core.group_progress.tick(bool(core.assigned))
         if self.consumer is not None:
-            self.record_lag(self._log_end)
-        self.record_replay()
-        self.ticks.check(self.slots)
-        if (self.cadence.due() or self.commits.due() or self._pending_limits is not None
-                or self.writer is not None or self._snapshot_queue):
+            core.record_lag(self._log_end)
+        core.record_replay()
+        core.ticks.check(core.slots)
+        checkpointer, limits = core.checkpointer, core.limits
+        if (checkpointer.cadence.due() or limits.cadence.due() or limits.pending is not None
+                or checkpointer.writer is not None or checkpointer.queue):
             async with self.lock:
                 await self._checkpoint_if_due()
 
     async def on_shutdown(self, sender: Any = None, **kwargs: Any) -> None:
         """Graceful shutdown: a final snapshot of every partition, then flush."""
         self.stopping = True
-        log.info("stopping: final snapshots for partitions %s", sorted(self.slots))
+        log.info("stopping: final snapshots for partitions %s", sorted(self.core.slots))
         async with self.lock:
             try:
-                with self.shutdown_progress("final snapshots"):
-                    await self._checkpoint(list(self.slots))
+                with self.core.shutdown_progress("final snapshots"):
+                    await self._checkpoint(list(self.core.slots))
             except Exception as exc:
                 log.error("final snapshots not written (%s); the next owner replays from the last snapshot", exc)
-                self.no_more_snapshots = True
+                self.core.checkpointer.no_more_snapshots = True
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, lambda: self.publisher.flush(should_stop=lambda: True))
+            await loop.run_in_executor(None, lambda: self.core.publisher.flush(should_stop=lambda: True))
         except DeliveryError as exc:
             log.error("%s", exc)
-        self.store.close()
-        self.ticks.close()
-        if self.members is not None:
-            await loop.run_in_executor(None, self.members.close)
-        if not self.no_more_snapshots:
-            log.info("final snapshots written for partitions %s", sorted(self.slots))
+        self.core.store.close()
+        self.core.ticks.close()
+        if self.core.membership.directory is not None:
+            await loop.run_in_executor(None, self.core.membership.directory.close)
+        if not self.core.checkpointer.no_more_snapshots:
+            log.info("final snapshots written for partitions %s", sorted(self.core.slots))
 
 
 def build_app(topology: Topology, settings: Settings | None = None, *, create_topics: bool = True,
@@ -380,7 +384,7 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     app.timer(tick_s, name=f"{topology.name}-checkpoint")(
         runtime.checkpoint_tick)
 
-    api = WorkerHTTP(runtime)
+    api = WorkerHTTP(runtime.core)
 
     def respond(web, answer):
         return web.bytes(answer.body, content_type=answer.content_type, status=answer.status,
@@ -418,6 +422,6 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
 
     @app.task
     async def start_members():
-        await asyncio.get_running_loop().run_in_executor(None, runtime.start_members)
+        await asyncio.get_running_loop().run_in_executor(None, runtime.core.start_members)
 
     return app
