@@ -192,7 +192,7 @@ class SplitScoreSketch:
         def make() -> bytes:
             a, b = later_a(), later_b()
             header = {"format": _FORMAT, "lo": lo, "hi": hi, "halves": [len(a), len(b)]}
-            return envelope.pack(envelope.KIND_SPLIT_SCORE, header, a + b)
+            return envelope.pack_parts(envelope.KIND_SPLIT_SCORE, header, (a, b))
         return make
 
     @classmethod
