@@ -3,7 +3,6 @@ reference, and no interpreter lock held while they copy and checksum."""
 from __future__ import annotations
 
 import random
-import sys
 import threading
 import time
 
