@@ -177,7 +177,7 @@ def steps(op, headers: dict, store: CheckpointStore, producer, runs: int) -> Non
         producer.purge()
         producer.poll(0)
         make = op.snapshot_taken()
-        assert t("new make(): the envelopes from parts (no GIL)", make) == blob
+        assert t("new make(): the envelopes built in place (no GIL)", make) == blob
     for name, v in times.items():
         print(f"  {name:<62} {statistics.median(v) * 1e3:8.2f} ms  (max {max(v) * 1e3:.2f})")
 

@@ -914,13 +914,23 @@ cdef class ScoreSketch(_ScoreKernel):
     def to_bytes_later(self):
         """``to_bytes`` in two steps: the cells copied now (one memcpy), the snapshot made
         by calling the result, later and on any thread (the sketch may change meanwhile)."""
+        later = self.envelope_later()
+
+        def make():
+            return _envelope.build(later())
+        return make
+
+    def envelope_later(self):
+        """``to_bytes_later`` whose result makes the envelope not built yet
+        (``grudge_stream.envelope.later``): a snapshot that holds the sketch writes it in
+        place."""
         arr, wm = self._cells_copy()
         header = {"config": self._config.to_dict(),
                   "watermark_ms": None if wm == INT64_MIN else wm}
 
         def make():
-            return _envelope.pack(_envelope.KIND_SCORE_SKETCH, header,
-                                  (arr if _LITTLE else arr.astype(_CELL_LE)).view(np.uint8))
+            return _envelope.later(_envelope.KIND_SCORE_SKETCH, header,
+                                   ((arr if _LITTLE else arr.astype(_CELL_LE)).view(np.uint8),))
         return make
 
     @classmethod

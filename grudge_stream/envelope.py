@@ -27,6 +27,8 @@ import struct
 from typing import Any, Sequence
 
 from grudge_stream._cyext._hashing import crc32c
+from grudge_stream._cyext._pack import Envelope as Envelope  # the type of ``later``
+from grudge_stream._cyext._pack import build as _build
 from grudge_stream._cyext._pack import pack as _pack
 from grudge_stream.exceptions import SnapshotError
 
@@ -71,8 +73,22 @@ def pack(kind: int, header: dict, payload: Any) -> bytes:
 
 def pack_parts(kind: int, header: dict, parts: Sequence[Any]) -> bytes:
     """``pack(kind, header, b"".join(parts))`` without the join: each part is copied once,
-    straight into the blob, without the GIL."""
+    straight into the blob, without the GIL. A part may be an envelope not built yet
+    (``later``): it is built in place."""
     return _pack(kind, canonical_json(header), parts, FORMAT_VERSION)
+
+
+def later(kind: int, header: dict, parts: Sequence[Any]) -> Envelope:
+    """The envelope ``pack_parts`` would make, not built yet: ``build`` makes its bytes, and
+    an envelope that holds it among its parts writes it in place (one blob for a snapshot
+    of envelopes within envelopes, no copy or free of the inner ones). ``len()`` is its size."""
+    return Envelope(kind, canonical_json(header), parts, FORMAT_VERSION)
+
+
+def build(env: Envelope) -> bytes:
+    """The bytes of an envelope made by ``later`` (and of those within it): one allocation,
+    every part copied once and every checksum computed, without the GIL."""
+    return _build(env)
 
 
 def pack_py(kind: int, header: dict, payload: Any) -> bytes:

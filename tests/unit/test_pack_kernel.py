@@ -44,6 +44,46 @@ def test_pack_matches_the_python_envelope_for_random_inputs() -> None:
         assert envelope.unpack(expected, kind)[0] == header
 
 
+def _nested(rng: random.Random, depth: int):
+    """A random tree of envelopes: (the unbuilt one, the bytes pack_py makes of it)."""
+    kind, header = rng.choice(KINDS), _header(rng)
+    lazy, ref = [], []
+    for _ in range(rng.randrange(4)):
+        if depth < 4 and rng.random() < 0.4:
+            e, b = _nested(rng, depth + 1)
+            lazy.append(e)
+            ref.append(b)
+        else:
+            data = rng.randbytes(rng.choice([0, 3, rng.randrange(1, 200_000)]))
+            lazy.extend(_split(data, rng))
+            ref.append(data)
+    return envelope.later(kind, header, lazy), pack_py(kind, header, b"".join(ref))
+
+
+def test_envelopes_within_envelopes_are_built_in_place_as_python_packs_them() -> None:
+    rng = random.Random(3)
+    for _ in range(60):
+        env, expected = _nested(rng, 0)
+        assert len(env) == len(expected)
+        assert envelope.build(env) == expected
+        kind, header = rng.choice(KINDS), _header(rng)
+        tail = rng.randbytes(rng.randrange(100))
+        assert pack_parts(kind, header, [env, tail]) == pack_py(kind, header, expected + tail)
+
+
+def test_a_part_that_changed_size_since_the_envelope_was_made_is_refused() -> None:
+    part = bytearray(b"x" * 100)
+    env = envelope.later(envelope.KIND_OPERATOR, {}, [part])
+    part.extend(b"y" * 50)
+    with pytest.raises(ValueError, match="changed size"):
+        envelope.build(env)
+    with pytest.raises(ValueError, match="nested"):
+        e = envelope.later(1, {}, [b""])
+        for _ in range(20):
+            e = envelope.later(1, {}, [e])
+        envelope.build(e)
+
+
 def test_pack_takes_a_structured_array_and_refuses_what_is_no_buffer() -> None:
     cells = np.zeros(1000, dtype=[("score", "<f8"), ("last_ms", "<i8")])
     cells["score"] = np.linspace(0, 1, 1000)
