@@ -210,6 +210,8 @@ def one_round(path: str, slot: Slot, store: CheckpointStore, producer, headers: 
                 producer.flush(60)
             out["round"] = time.perf_counter() - t
             out["blob"] = blob
+        except BaseException as exc:  # noqa: BLE001 - raised again on the loop thread
+            out["error"] = exc
         finally:
             busy.clear()
 
@@ -217,6 +219,8 @@ def one_round(path: str, slot: Slot, store: CheckpointStore, producer, headers: 
     th.start()
     stall = loop_while(busy, work=work)
     th.join()
+    if "error" in out:
+        raise out["error"]
     if not flush:
         producer.purge()
         producer.poll(0)
@@ -247,12 +251,22 @@ def main() -> None:
     work = nap if args.loop == "wait" else step
     conf = {"bootstrap.servers": args.bootstrap or "127.0.0.1:9", "linger.ms": 0, "compression.type": "lz4",
             "queue.buffering.max.kbytes": 2_097_151, "message.timeout.ms": 300_000, "log_level": 0}
-    producer = Producer(conf)
     if flush:
         from confluent_kafka.admin import AdminClient, NewTopic
-        AdminClient({"bootstrap.servers": args.bootstrap}).create_topics(
+        admin = AdminClient({"bootstrap.servers": args.bootstrap})  # kept until the future resolves
+        exc = admin.create_topics(
             [NewTopic(TOPIC, num_partitions=1, replication_factor=1,
                       config={"max.message.bytes": str(2 * args.chunk_bytes)})])[TOPIC].exception(30)
+        if exc is not None and "already exists" not in str(exc):
+            raise SystemExit(f"cannot create {TOPIC}: {exc}")
+    producer = Producer(conf)
+    if flush:
+        deadline = time.monotonic() + 30
+        while TOPIC not in producer.list_topics(TOPIC, timeout=10).topics or \
+                producer.list_topics(TOPIC, timeout=10).topics[TOPIC].error is not None:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"topic {TOPIC} not there on {args.bootstrap}")
+            time.sleep(0.2)
     store = CheckpointStore(args.bootstrap or "127.0.0.1:9", TOPIC, chunk_bytes=args.chunk_bytes)
     print(f"# python {sys.version.split()[0]}, switch interval {sys.getswitchinterval() * 1e3:.0f} ms, "
           f"{'broker ' + args.bootstrap if flush else 'no broker (produce into the queue, then purge)'}; "
