@@ -16,7 +16,7 @@ U64_MAX = (1 << 64) - 1
 from ghash cimport Hasher, make_hasher, hash_key, set_siphash_key, GH_IX_KM, GH_IX_INDEPENDENT
 
 from grudge_stream._cyext._hashing import algorithm_code
-from grudge_stream.envelope import KIND_COUNT_MIN, pack, unpack
+from grudge_stream.envelope import KIND_COUNT_MIN, pack_parts, unpack
 from grudge_stream.sketches import countmin_config as _countmin_config
 from grudge_stream.sketches._validate import scheme_of_dict
 
@@ -910,7 +910,9 @@ cdef class DecayingCountMin(_Sketch):
                     kind, raw = 1, bytes(key)
                 parts.append(struct.pack("<QIBI", self._topk._thash[s], self._topk._tval[s], kind, len(raw)))
                 parts.append(raw)
-        return pack(KIND_COUNT_MIN, header, b"".join(parts))
+        # The cells are copied (tobytes) with the GIL, the sketch's only lock; the parts then go
+        # into the envelope once, without it (no join first).
+        return pack_parts(KIND_COUNT_MIN, header, parts)
 
     @classmethod
     def from_bytes(cls, data, *, clock=None, hash_key=None):

@@ -864,11 +864,17 @@ cdef class ScoreSketch(_ScoreKernel):
     # -- whole-sketch operations ----------------------------------------------------
 
     cdef object _cells_copy(self):
+        # The copy (megabytes) runs without the GIL, under the sketch's own lock: a writer
+        # elsewhere waits for the lock (gs_lock_acquire_gil gives the GIL up meanwhile), other
+        # Python threads go on. Nothing here needs the GIL while the lock is held.
         cdef cnp.ndarray arr = np.empty(self._ncells, dtype=_CELL_NATIVE)
-        gs_lock_acquire_gil(&self._lock)
-        memcpy(cnp.PyArray_DATA(arr), self._table, 16 * self._ncells)
-        wm = self._watermark
-        gs_lock_release(&self._lock)
+        cdef void* dst = cnp.PyArray_DATA(arr)
+        cdef int64_t wm
+        with nogil:
+            gs_lock_acquire_nogil(&self._lock)
+            memcpy(dst, self._table, 16 * self._ncells)
+            wm = self._watermark
+            gs_lock_release(&self._lock)
         return arr, wm
 
     def _cells(self):
@@ -908,13 +914,23 @@ cdef class ScoreSketch(_ScoreKernel):
     def to_bytes_later(self):
         """``to_bytes`` in two steps: the cells copied now (one memcpy), the snapshot made
         by calling the result, later and on any thread (the sketch may change meanwhile)."""
+        later = self.envelope_later()
+
+        def make():
+            return _envelope.build(later())
+        return make
+
+    def envelope_later(self):
+        """``to_bytes_later`` whose result makes the envelope not built yet
+        (``grudge_stream.envelope.later``): a snapshot that holds the sketch writes it in
+        place."""
         arr, wm = self._cells_copy()
         header = {"config": self._config.to_dict(),
                   "watermark_ms": None if wm == INT64_MIN else wm}
 
         def make():
-            return _envelope.pack(_envelope.KIND_SCORE_SKETCH, header,
-                                  (arr if _LITTLE else arr.astype(_CELL_LE)).view(np.uint8))
+            return _envelope.later(_envelope.KIND_SCORE_SKETCH, header,
+                                   ((arr if _LITTLE else arr.astype(_CELL_LE)).view(np.uint8),))
         return make
 
     @classmethod
@@ -1394,12 +1410,15 @@ cdef class Rotator(_ScoreKernel):
         cdef cnp.ndarray arr = np.empty(self._n * self._ncells, dtype=_CELL_NATIVE)
         cdef char* p = <char*>cnp.PyArray_DATA(arr)
         cdef int g
-        gs_lock_acquire_gil(&self._lock)
-        for g in range(self._n):
-            memcpy(p + <size_t>g * 16 * self._ncells, self._gen(g), 16 * self._ncells)
-        state = (self._rotations, self._epoch, self._watermark)
-        gs_lock_release(&self._lock)
-        return arr, state
+        cdef int64_t epoch, wm
+        cdef uint64_t rotations
+        with nogil:  # as ScoreSketch._cells_copy: under the rotator's lock, without the GIL
+            gs_lock_acquire_nogil(&self._lock)
+            for g in range(self._n):
+                memcpy(p + <size_t>g * 16 * self._ncells, self._gen(g), 16 * self._ncells)
+            rotations, epoch, wm = self._rotations, self._epoch, self._watermark
+            gs_lock_release(&self._lock)
+        return arr, (rotations, epoch, wm)
 
     cdef int _load(self, const char* p, tuple state) except -1:
         cdef int g

@@ -24,9 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import Any
+from typing import Any, Sequence
 
 from grudge_stream._cyext._hashing import crc32c
+from grudge_stream._cyext._pack import Envelope as Envelope  # the type of ``later``
+from grudge_stream._cyext._pack import build as _build
+from grudge_stream._cyext._pack import pack as _pack
 from grudge_stream.exceptions import SnapshotError
 
 MAGIC = b"GRDS"
@@ -60,7 +63,38 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def pack(kind: int, header: dict, payload: Any) -> bytes:
-    """Wrap a header dict and a payload (bytes-like) into a checksummed blob."""
+    """Wrap a header dict and a payload (bytes-like) into a checksummed blob.
+
+    The payload is copied into the blob and checksummed in the kernel without the GIL
+    (``grudge_stream._cyext._pack``): a snapshot of megabytes made on one thread does not stop
+    the others. ``payload`` must not change meanwhile (bytes, or a private copy)."""
+    return _pack(kind, canonical_json(header), (payload,), FORMAT_VERSION)
+
+
+def pack_parts(kind: int, header: dict, parts: Sequence[Any]) -> bytes:
+    """``pack(kind, header, b"".join(parts))`` without the join: each part is copied once,
+    straight into the blob, without the GIL. A part may be an envelope not built yet
+    (``later``): it is built in place."""
+    return _pack(kind, canonical_json(header), parts, FORMAT_VERSION)
+
+
+def later(kind: int, header: dict, parts: Sequence[Any]) -> Envelope:
+    """The envelope ``pack_parts`` would make, not built yet: ``build`` makes its bytes, and
+    an envelope that holds it among its parts writes it in place (one blob for a snapshot
+    of envelopes within envelopes, no copy or free of the inner ones). ``len()`` is its size."""
+    return Envelope(kind, canonical_json(header), parts, FORMAT_VERSION)
+
+
+def build(env: Envelope) -> bytes:
+    """The bytes of an envelope made by ``later`` (and of those within it): one allocation,
+    every part copied once and every checksum computed, without the GIL."""
+    return _build(env)
+
+
+def pack_py(kind: int, header: dict, payload: Any) -> bytes:
+    """``pack`` in Python, as earlier releases made it (every copy with the GIL held): the
+    reference the kernel's bytes are tested against, and the old path of
+    benchmarks/bench_snapshot_stall.py."""
     hdr = canonical_json(header)
     body = b"".join(
         (_HEAD.pack(MAGIC, FORMAT_VERSION, kind, len(hdr)), hdr,

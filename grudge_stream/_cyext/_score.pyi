@@ -5,6 +5,8 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import numpy.typing as npt
 
+from grudge_stream._cyext._pack import Envelope
+
 DECAY_NONE: int
 DECAY_EXPONENTIAL: int
 DECAY_LINEAR: int
@@ -86,6 +88,7 @@ class ScoreSketch(_ScoreKernel):
     def merge(self, other: "ScoreSketch") -> None: ...
     def to_bytes(self) -> bytes: ...
     def to_bytes_later(self) -> Callable[[], bytes]: ...
+    def envelope_later(self) -> Callable[[], Envelope]: ...
     @classmethod
     def from_bytes(cls, data: Any, *, clock: Any = ...) -> "ScoreSketch": ...
     def _bucket_allow(self, key: Key, cost: float, limit: float, penalty: float,

@@ -31,6 +31,7 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
+from grudge_stream._cyext._pack import encode_chunk as _encode_chunk
 from grudge_stream.exceptions import SnapshotError
 from grudge_stream.hashing import crc32c
 
@@ -134,7 +135,14 @@ class Manifest:
 
 
 def encode_chunk(generation: int, index: int, count: int, data: bytes | memoryview) -> bytes:
-    """Chunk ``index`` of ``count`` of a generation: the header, then ``data``."""
+    """Chunk ``index`` of ``count`` of a generation: the header, then ``data`` (a slice of the
+    blob, say), copied once and checksummed in the kernel without the GIL."""
+    return _encode_chunk(generation, index, count, data)
+
+
+def encode_chunk_py(generation: int, index: int, count: int, data: bytes | memoryview) -> bytes:
+    """``encode_chunk`` in Python, as earlier releases made it (two copies with the GIL held):
+    the reference the kernel's bytes are tested against."""
     return CHUNK_HEADER.pack(CHUNK_MAGIC, generation, index, count, crc32c(data), len(data), 0) + bytes(data)
 
 

@@ -259,24 +259,35 @@ class CheckpointStore(OpenTransactionReads):
             # Never overwrite the chunks of the last good generation while writing the next one.
             slot = (1 - prev.slot) if prev is not None else generation % 2
             view = memoryview(w.blob)
-            count = max(1, -(-len(view) // self.chunk_bytes))
-            offsets: list[int | None] = [None] * count
-            errors: list[str] = []
-            sp = self.snapshot_partition(w.partition)
-            for i in range(count):
-                data = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
-                self._produce(producer, sp, chunk_key(w.operator_id, w.partition, slot, i),
-                              encode_chunk(generation, i, count, data),
-                              _chunk_delivered(offsets, errors, i))
-                if self.chunk_delay_s:
-                    self._flush(producer)
-                    time.sleep(self.chunk_delay_s)
+            offsets, errors = self.produce_chunks(producer, self.snapshot_partition(w.partition), w,
+                                                  generation, slot)
             size, crc = len(view), crc32c(view)
             # Keep what the manifest needs, not the blob: librdkafka copied the chunks (and
             # frees them as they are acknowledged), so the round does not pin every blob.
             pending.append((replace(w, blob=b""), generation, slot, prev, offsets, errors, size, crc))
         self._flush(producer)
         return pending
+
+    def produce_chunks(self, producer: Producer, sp: int, w: SnapshotWrite, generation: int,
+                       slot: int) -> tuple[list[int | None], list[str]]:
+        """Produce the chunks of ``w.blob`` to snapshot partition ``sp``; the lists their
+        delivery callbacks fill: each chunk's offset, and the errors. Each chunk is a
+        memoryview slice of the blob, copied once into its record and checksummed without the
+        GIL (``encode_chunk``); ``produce`` then copies the record into librdkafka, which
+        compresses it (lz4) in its own threads."""
+        view = memoryview(w.blob)
+        count = max(1, -(-len(view) // self.chunk_bytes))
+        offsets: list[int | None] = [None] * count
+        errors: list[str] = []
+        for i in range(count):
+            data = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+            self._produce(producer, sp, chunk_key(w.operator_id, w.partition, slot, i),
+                          encode_chunk(generation, i, count, data),
+                          _chunk_delivered(offsets, errors, i))
+            if self.chunk_delay_s:
+                self._flush(producer)
+                time.sleep(self.chunk_delay_s)
+        return offsets, errors
 
     def write_manifests(self, pending: list[tuple]) -> list[SnapshotRef]:
         """The second half of ``write_many``: the manifests of ``write_chunks``'s snapshots."""

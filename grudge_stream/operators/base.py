@@ -537,11 +537,12 @@ class Operator(abc.ABC):
     def memory_bytes(self) -> int:
         return 0
 
-    def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], bytes]]]:
+    def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], Any]]]:
         """``state_sections`` as a consistent copy taken now, serialized later (maybe on
         another thread): each section its bytes, or a function of a private copy of the
-        state that makes them. The default serializes at once; an operator whose sketch can
-        ``copy()`` (a memcpy) defers that sketch's serialization."""
+        state that makes them (or their envelope not built yet, ``envelope.later``). The
+        default serializes at once; an operator whose sketch can ``copy()`` (a memcpy) defers
+        that sketch's serialization."""
         return list(self.state_sections())
 
     def snapshot(self) -> bytes:

@@ -74,8 +74,9 @@ class SketchAlertOperator(Operator):
     def state_sections(self) -> list[tuple[str, bytes]]:
         return [("sketch", self.sketch.to_bytes()), ("latch", self.latch.to_bytes())]
 
-    def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], bytes]]]:
-        later = getattr(self.sketch, "to_bytes_later", None)
+    def state_sections_taken(self) -> list[tuple[str, bytes | Callable[[], Any]]]:
+        # A sketch that makes its envelope unbuilt has it written in place, into the snapshot.
+        later = getattr(self.sketch, "envelope_later", None) or getattr(self.sketch, "to_bytes_later", None)
         if later is None:
             return list(self.state_sections())
         return [("sketch", later()), ("latch", self.latch.to_bytes())]

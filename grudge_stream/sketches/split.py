@@ -186,13 +186,20 @@ class SplitScoreSketch:
     def to_bytes_later(self) -> Callable[[], bytes]:
         """``to_bytes`` in two steps: both halves' cells copied now, the snapshot made by
         calling the result (later, on any thread)."""
-        later_a, later_b = self.pos.to_bytes_later(), self.neg.to_bytes_later()
+        later = self.envelope_later()
+        return lambda: envelope.build(later())
+
+    def envelope_later(self) -> Callable[[], envelope.Envelope]:
+        """``to_bytes_later`` whose result makes the envelope not built yet
+        (``envelope.later``), the halves' envelopes within it: a snapshot that holds the sketch
+        writes all of it in place, in one copy."""
+        later_a, later_b = self.pos.envelope_later(), self.neg.envelope_later()
         lo, hi = self.lo, self.hi
 
-        def make() -> bytes:
+        def make() -> envelope.Envelope:
             a, b = later_a(), later_b()
             header = {"format": _FORMAT, "lo": lo, "hi": hi, "halves": [len(a), len(b)]}
-            return envelope.pack(envelope.KIND_SPLIT_SCORE, header, a + b)
+            return envelope.later(envelope.KIND_SPLIT_SCORE, header, (a, b))
         return make
 
     @classmethod
