@@ -43,10 +43,12 @@ def test_a_flood_of_queries_holds_the_loop_for_at_most_its_share() -> None:
     t.start()
     time.sleep(0.01)
     t0 = time.monotonic()
-    steps = 0
+    steps, held = 0, 0.0
     while time.monotonic() - t0 < 1.0:  # the loop: a step of work, then the gate
         time.sleep(0.002)
+        g0 = time.monotonic()
         gate.yield_to_queries()
+        held += time.monotonic() - g0
         steps += 1
     elapsed = time.monotonic() - t0
     release.set()
@@ -54,7 +56,11 @@ def test_a_flood_of_queries_holds_the_loop_for_at_most_its_share() -> None:
     # The bucket starts full (MAX_PAUSE_S) and refills at 0.2 s a second.
     assert gate.paused_s <= QueryGate.MAX_PAUSE_S + 0.2 * elapsed + 0.02, gate.paused_s
     assert gate.paused_s >= 0.1, gate.paused_s  # and it did give the query its share
-    assert steps > 200
+    # What the loop itself saw (its own clock around the gate, not the gate's count): held
+    # for its share, and it kept stepping. A loaded machine stretches the 2 ms steps, so the
+    # step count is not the measure; the time held is.
+    assert held <= QueryGate.MAX_PAUSE_S + 0.2 * elapsed + 0.1, held
+    assert steps >= 20
 
 
 def test_share_zero_never_waits_and_a_share_out_of_range_is_refused() -> None:
