@@ -108,12 +108,14 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     from grudge_stream.runtime.batch import BatchWorker
     from grudge_stream.runtime.checkpointer import SnapshotBudget
     from grudge_stream.runtime.slots import PartitionSlots
+    from grudge_stream.sections import sections
     from grudge_stream.serving import PartitionerCheck
 
     clock = FakeClock()
     worker = object.__new__(BatchWorker)  # no Kafka clients: only what the HTTP handler reads
     port = free_port()
     worker.settings = Settings({"web_port": str(port)}, environ={})
+    worker.sections = sections(worker.settings)  # what the core reads once from them
     worker.liveness = Liveness(60.0, clock=clock)
     worker.metrics = Metrics()
     # A restored partition: what /ready reports of its restore replay (the core's slots and

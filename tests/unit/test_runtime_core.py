@@ -267,11 +267,13 @@ def test_exactly_once_replaces_a_fenced_or_stuck_producer_but_not_one_fenced_twi
 
     from grudge_stream.runtime.batch import BatchWorker
     from grudge_stream.runtime.core import TransactionStuck
+    from grudge_stream.sections import sections
 
     renewed: list[bool] = []
     aborted: list[int] = []
     worker = types.SimpleNamespace(
-        settings=Settings({}), transaction=types.SimpleNamespace(open=True), writer=None,
+        settings=Settings({}), sections=sections(Settings({})), transaction=types.SimpleNamespace(open=True),
+        writer=None,
         _snapshot_queue=[1], reset_pending=False, _fenced_at=float("-inf"),
         renew_producer=lambda stuck=False: renewed.append(stuck),
         metrics=types.SimpleNamespace(producers_renewed=types.SimpleNamespace(inc=lambda: None),
