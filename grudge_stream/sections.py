@@ -61,7 +61,8 @@ class _Section:
         """The fields not at their declared default (what ``overrides`` hands on)."""
         out = {}
         for f in fields(self):  # type: ignore[arg-type]
-            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            factory: Any = f.default_factory
+            default = factory() if f.default is MISSING else f.default
             value = getattr(self, f.name)
             if value != default:
                 out[f.name] = value
@@ -197,7 +198,8 @@ def _value(settings: Settings, name: str) -> Any:
 
 def sections(settings: Settings) -> Sections:
     """The common settings of ``settings`` (bound or not) as frozen sections, read once."""
-    return Sections(*(cls.of(settings) for cls in SECTIONS))
+    return Sections(KafkaClient.of(settings), Group.of(settings), EventTime.of(settings),
+                    Checkpointing.of(settings), Serving.of(settings), Identity.of(settings))
 
 
 def as_section(cls: type[T], given: Any) -> T:
@@ -206,7 +208,7 @@ def as_section(cls: type[T], given: Any) -> T:
     return given if isinstance(given, cls) else cls.of(given)
 
 
-SECTION_ARGUMENTS = {"kafka": KafkaClient, "group": Group, "event_time": EventTime,
+SECTION_ARGUMENTS: dict[str, type[_Section]] = {"kafka": KafkaClient, "group": Group, "event_time": EventTime,
                      "checkpointing": Checkpointing, "serving": Serving, "identity": Identity}
 
 
