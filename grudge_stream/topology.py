@@ -21,7 +21,7 @@ from grudge_stream.hashkey import hash_key_from_settings
 from grudge_stream.operators.base import Operator, OperatorContext
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.deadletters import DEFAULT_DEAD_LETTER_LIMIT
-from grudge_stream.sections import EventTime, Group
+from grudge_stream.sections import Checkpointing, EventTime, Group
 from grudge_stream.settings import COMMON, INDEX_SCHEME, PASSTHROUGH_PREFIXES, Setting, Settings
 
 log = logging.getLogger("grudge_stream.runtime")
@@ -268,12 +268,12 @@ def load_topology(name: str, settings: Settings | None = None) -> Topology:
     if not isinstance(topology, Topology):
         raise ConfigError(f"topology module {module.__name__!r}: build(settings) returned "
                           f"{type(topology).__name__}, not a Topology")
-    reset_state = bool(settings.get("reset_state", False))
+    reset_state = bool(Checkpointing.of(settings).reset_state)
     rescheme = None
     if INDEX_SCHEME in settings.declared and settings.sources.get(INDEX_SCHEME) == "default" and not reset_state:
         given = settings
 
         def rescheme(scheme: str) -> Topology:
             return load_topology(name, Settings({**given.overrides, INDEX_SCHEME: scheme}, environ=given.environ))
-    return dataclasses.replace(topology, app_id=settings.get("app_id", None) or topology.app_id,
+    return dataclasses.replace(topology, app_id=Group.of(settings).app_id or topology.app_id,
                                reset_state=reset_state, with_index_scheme=rescheme)
