@@ -74,6 +74,7 @@ class StatesServer:
         if serving is not None and not isinstance(serving, Serving):
             raise TypeError(f"serving must be a grudge_stream.sections.Serving, not {type(serving).__name__}")
         env = serving if serving is not None else Serving.of(Settings())  # default: GRUDGE_* variables
+        insecure_open = insecure_open or (serving is not None and serving.insecure_open_queries)
         self.states = states
         self.host = host if host is not None else str(env.web_host)
         self.port = port if port is not None else int(env.web_port)
