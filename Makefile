@@ -231,7 +231,7 @@ manifests: $(HELM)
 # The API reference: the public modules (docs/embedding.md), from their docstrings. pdoc imports
 # them; PDOC_ALLOW_EXEC lets an import ask the platform for its architecture.
 API_MODULES := grudge_stream grudge_stream.state grudge_stream.faust grudge_stream.client \
-	grudge_stream.sketches grudge_stream.exceptions grudge_stream.hashing grudge_stream.topology
+	grudge_stream.sketches grudge_stream.exceptions grudge_stream.hashing grudge_stream.topology grudge_stream.sections
 docs: install
 	$(BIN)/python -m pip install -q "pdoc>=16,<17"
 	@rm -rf build/api && mkdir -p build

@@ -83,11 +83,12 @@ def topology_topics(name: str, settings: "Settings | None" = None) -> dict[str, 
     """``{"alert_state": ..., "overrides": ..., "alerts": ..., "app_id": ...}`` of a
     topology, from its settings (``--set`` / ``GRUDGE_*``), as its workers name them. The topology's secret
     hash key is not needed: a throw-away one stands in (the sketches are never used)."""
+    from grudge_stream.sections import Identity
     from grudge_stream.topology import Settings, load_topology
 
     settings = settings or Settings()
-    if (settings.get("seed", None) is None and settings.get("seed_file", None) is None
-            and not settings.get("insecure_public_seed", False)):
+    identity = Identity.of(settings)
+    if identity.seed is None and identity.seed_file is None and not identity.insecure_public_seed:
         settings.overrides["seed"] = secrets.token_hex(16)
     topology = load_topology(name, settings)
     return {"alert_state": topology.outputs.get("alert_state"), "overrides": topology.overrides_topic,

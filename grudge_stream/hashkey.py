@@ -123,9 +123,10 @@ def hash_key_from_settings(settings: Settings, topology: str) -> HashKey | None:
     """The topology's secret key from ``seed`` / ``seed_file``; ``None`` only when the
     operator opted into the public key with ``insecure_public_seed=true`` (warned about).
     Raises ConfigError, naming the settings, when no key is given."""
-    text = settings.get("seed", None)
-    path = settings.get("seed_file", None)
-    insecure = settings.get("insecure_public_seed", False)
+    from grudge_stream.sections import Identity, as_section
+
+    identity = as_section(Identity, settings)  # a Settings, or its Identity section
+    text, path, insecure = identity.seed, identity.seed_file, identity.insecure_public_seed
     if text is not None and path is not None:
         raise ConfigError("set either seed or seed_file, not both")
     if path is not None:

@@ -38,7 +38,6 @@ import time
 from typing import Callable
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.settings import setting
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -61,7 +60,10 @@ class Liveness:
 
     @classmethod
     def from_settings(cls, settings) -> "Liveness":
-        return cls(setting(settings, "liveness_timeout_s"))
+        """The liveness of a ``Group`` section (or of the ``Settings`` it is read from)."""
+        from grudge_stream.sections import Group, as_section
+
+        return cls(as_section(Group, settings).liveness_timeout_s)
 
     def beat(self) -> None:
         self._last = self._clock()

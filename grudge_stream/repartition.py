@@ -47,7 +47,7 @@ from grudge_stream.operators.deadletters import DEFAULT_DEAD_LETTER_LIMIT, dead_
 from grudge_stream.operators.codec import BadRecord, EventCodec
 from grudge_stream.record_checks import MAX_TIMESTAMP_MS
 from grudge_stream.kafka.transactions import Transaction, TransactionStuck
-from grudge_stream.settings import setting
+from grudge_stream.sections import Sections, sections
 # The plan is part of the topology's spec; named here too, where the stage that runs it lives.
 from grudge_stream.topology import REPARTITION_MODES as MODES  # noqa: F401
 from grudge_stream.topology import REPARTITION_SETTING as SETTING  # noqa: F401
@@ -99,15 +99,16 @@ class Repartitioner:
 
     def __init__(self, plan_: RepartitionPlan, settings: Any, *, metrics: Any = None,
                  liveness: Liveness | None = None, client_config: dict | None = None) -> None:
+        cfg = settings if isinstance(settings, Sections) else sections(settings)  # or a Settings
         self.plan = plan_
-        self.bootstrap = settings.bootstrap_servers
+        self.bootstrap = cfg.kafka.bootstrap_servers
         self.client_config = dict(client_config or {})
-        self.exactly_once = bool(setting(settings, "exactly_once"))
-        self.instance_id = setting(settings, "group_instance_id")
-        self.batch_size = setting(settings, "batch_size")
-        self.session_timeout_ms = int(setting(settings, "session_timeout_s") * 1000)
-        self.heartbeat_ms = int(setting(settings, "heartbeat_interval_s") * 1000)
-        self.txn_timeout_ms = int(setting(settings, "transaction_timeout_s") * 1000)
+        self.exactly_once = bool(cfg.checkpointing.exactly_once)
+        self.instance_id = cfg.group.group_instance_id
+        self.batch_size = cfg.group.batch_size
+        self.session_timeout_ms = int(cfg.group.session_timeout_s * 1000)
+        self.heartbeat_ms = int(cfg.group.heartbeat_interval_s * 1000)
+        self.txn_timeout_ms = int(cfg.checkpointing.transaction_timeout_s * 1000)
         self.codec = plan_.codec()
         self.stage_id = f"{plan_.operator_id}-repartition"
         self.liveness = Liveness(liveness.timeout_s if liveness is not None else 60.0)
@@ -428,6 +429,7 @@ def start_stage(topology: Any, settings: Any, *, metrics: Any = None, liveness: 
     plan_ = topology.repartition
     if plan_ is None:
         return None
-    ensure_repartition_topic(plan_, settings.bootstrap_servers, client_config=client_config, create=False)
-    stage = Repartitioner(plan_, settings, metrics=metrics, liveness=liveness, client_config=client_config)
+    cfg = settings if isinstance(settings, Sections) else sections(settings)  # or a Settings
+    ensure_repartition_topic(plan_, cfg.kafka.bootstrap_servers, client_config=client_config, create=False)
+    stage = Repartitioner(plan_, cfg, metrics=metrics, liveness=liveness, client_config=client_config)
     return stage.start()

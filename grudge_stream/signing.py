@@ -87,9 +87,11 @@ class SigningKeys:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "SigningKeys | None":
-        from grudge_stream.settings import setting
+        """The keys of ``signing_keys_file`` of a ``Serving`` section (or of the ``Settings``
+        it is read from), or None."""
+        from grudge_stream.sections import Serving, as_section
 
-        path = setting(settings, "signing_keys_file")
+        path = as_section(Serving, settings).signing_keys_file
         return cls.from_file(path) if path else None
 
     def _mac(self, secret: bytes, kind: str, key: bytes, body: dict[str, Any], signer: str) -> str:

@@ -22,7 +22,9 @@ from grudge_stream.checkpoint import SnapshotWrite
 from grudge_stream.exceptions import GrudgeError
 from grudge_stream.operators.base import Operator
 from grudge_stream.operators.records import OutputRecord
-from grudge_stream.settings import Settings, setting
+from grudge_stream.sections import (Checkpointing, EventTime, Group, Identity, KafkaClient, Sections, Serving,
+                                    overrides, sections)
+from grudge_stream.settings import Settings
 from grudge_stream.state_checks import int_arg, key_bytes, number_column
 from grudge_stream.topology import Topology
 
@@ -63,6 +65,26 @@ class StateContext:
     app_group: str | None = None
 
 
+# Settings an embedded state takes as its kind's arguments instead (event time, the hash key)
+# or never reads (the topics' shape): refused by name rather than ignored.
+_NOT_EMBEDDED = {f for cls in (EventTime, Identity) for f in cls.__dataclass_fields__} | {"event_time", "identity"}
+
+
+def _embedded_settings(settings: Settings | None, given: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
+    """``settings`` (default: the environment's), with the sections and keyword arguments
+    given over its overrides; and those (parsed)."""
+    refused = sorted(name for name in given if name in _NOT_EMBEDDED)
+    if refused:
+        raise TypeError(f"an embedded state does not take {', '.join(refused)}: its event-time bounds and hash "
+                        "key are the kind's own arguments (max_future_ms, max_late_ms, hash_key)")
+    extra = overrides(given)
+    if settings is None:
+        return Settings(extra), extra
+    if not extra:
+        return settings, extra
+    return Settings({**settings.overrides, **extra}, environ=settings.environ), extra
+
+
 class SketchState(Generic[OpT]):
     """Sketch-backed state of one source topic, one operator per partition (see the module
     docstring). Build one of the kinds below rather than this base.
@@ -82,7 +104,18 @@ class SketchState(Generic[OpT]):
       (``broker``, ``broker_credentials``), else ``KAFKA_BOOTSTRAP_SERVERS`` and the
       ``GRUDGE_*`` security settings;
     - ``checkpoint_interval_s``: how often the Faust binding snapshots (a loop of your
-      own decides itself when to call ``checkpoint``);
+      own decides itself when to call ``checkpoint``); default that of ``checkpointing``,
+      else 5;
+    - the worker settings the state's clients read (docs/embedding.md, "Settings"): as
+      sections, ``kafka=KafkaClient(...)``, ``group=Group(...)``,
+      ``checkpointing=Checkpointing(...)``, ``serving=Serving(...)``
+      (``grudge_stream.sections``), and one by one by their names
+      (``broker_wait_s=30``, ``sasl_username="app"``), the latter over the former; what is
+      not given comes from the ``GRUDGE_<NAME>`` environment variables, else the declared
+      defaults. A bad value is a ``ConfigError`` of one line, here. Event-time bounds and
+      the hash key are the kind's own arguments (``max_future_ms``, ``hash_key``, ...);
+    - ``settings``: the old way, a whole ``grudge_stream.settings.Settings`` (the sections
+      and keyword arguments go over its overrides);
     - ``overrides`` (scores, rate limits, heavy hitters): follow ``<alerts>-overrides``
       (``<decisions>-overrides``), the allow / deny entries ``grudge-stream override`` and
       ``grudge_stream.overrides.encode_override`` write, as the topologies do
@@ -95,12 +128,20 @@ class SketchState(Generic[OpT]):
                  operator_id: str, outputs: Mapping[str, str | None],
                  snapshot_topic: str | None = None, dead_letter_topic: str | None = None,
                  bootstrap_servers: str | None = None, client_config: Mapping[str, Any] | None = None,
-                 checkpoint_interval_s: float = 5.0, overrides: bool = False,
-                 settings: Settings | None = None) -> None:
+                 checkpoint_interval_s: float | None = None, overrides: bool = False,
+                 settings: Settings | None = None, kafka: KafkaClient | None = None, group: Group | None = None,
+                 checkpointing: Checkpointing | None = None, serving: Serving | None = None,
+                 **common: Any) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string")
         if not isinstance(source_topic, str) or not source_topic:
             raise ValueError("source_topic must be a non-empty string")
+        self._settings, given = _embedded_settings(settings, dict(kafka=kafka, group=group, checkpointing=checkpointing,
+                                                           serving=serving, **common))
+        # Every worker setting the state reads, parsed and checked once (a bad one fails here).
+        self.sections: Sections = sections(self._settings)
+        if checkpoint_interval_s is None:
+            checkpoint_interval_s = self.sections.checkpointing.checkpoint_interval_s
         if not (checkpoint_interval_s > 0):
             raise ValueError(f"checkpoint_interval_s must be > 0, not {checkpoint_interval_s!r}")
         self.name = name
@@ -114,8 +155,8 @@ class SketchState(Generic[OpT]):
             description=f"embedded {self.kind} state", app_id=f"grudge-embedded-{name}",
             overrides_topic="" if overrides else None, operator_id=operator_id,
             needs_headers=False)  # the app's own code hands each event to the state
-        self._settings = settings or Settings()
-        self._bootstrap = bootstrap_servers
+        # Brokers given as an argument (or in ``kafka``) go before those of an app the state attaches to.
+        self._bootstrap = bootstrap_servers or given.get("bootstrap_servers")
         self._client_config = dict(client_config or {})
         self._client_config_given = client_config is not None
         self.core: WorkerCore | None = None  # the worker core (None until started), held by:
@@ -210,7 +251,7 @@ class SketchState(Generic[OpT]):
                 return self
             self._bootstrap, self._client_config = self.connection()
             self._client_config_given = True
-            check_connection(self._settings, wait_s=setting(self._settings, "broker_wait_s"),
+            check_connection(self._settings, wait_s=self.sections.kafka.broker_wait_s,
                              bootstrap_servers=self._bootstrap,
                              properties={**client_properties(self._settings), **self._client_config})
             if create_topics:

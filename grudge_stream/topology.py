@@ -21,7 +21,8 @@ from grudge_stream.hashkey import hash_key_from_settings
 from grudge_stream.operators.base import Operator, OperatorContext
 from grudge_stream.operators.codec import EventCodec
 from grudge_stream.operators.deadletters import DEFAULT_DEAD_LETTER_LIMIT
-from grudge_stream.settings import COMMON, INDEX_SCHEME, PASSTHROUGH_PREFIXES, Setting, Settings, setting
+from grudge_stream.sections import Checkpointing, EventTime, Group
+from grudge_stream.settings import COMMON, INDEX_SCHEME, PASSTHROUGH_PREFIXES, Setting, Settings
 
 log = logging.getLogger("grudge_stream.runtime")
 
@@ -73,23 +74,25 @@ def repartition_plan(settings: Any, *, source: str, operator_id: str, key_field:
         return None
     if mode == "off":
         return None
-    app_id = setting(settings, "app_id") or f"grudge-{operator_id}-{source}"
-    n = setting(settings, "max_key_bytes")
+    app_id = Group.of(settings).app_id or f"grudge-{operator_id}-{source}"
+    event_time = EventTime.of(settings)
     return RepartitionPlan(source_topic=source, topic=f"{app_id}-repartition", group=f"{app_id}-repartition",
                            app_id=app_id, operator_id=operator_id, key_field=key_field,
-                           dead_letter_topic=dead_letter_topic, max_key_bytes=n,
-                           allow_empty_keys=setting(settings, "allow_empty_keys"))
+                           dead_letter_topic=dead_letter_topic, max_key_bytes=event_time.max_key_bytes,
+                           allow_empty_keys=event_time.allow_empty_keys)
 
 
 def operator_settings(settings: Settings, topology: str, hashed: bool = True) -> dict[str, Any]:
     """The settings every operator takes (docs/runtime.md): event-time bounds and their
     policies, and the secret hash key (required; see grudge_stream.hashkey). ``hashed=False``:
-    an operator that hashes no public key into a sketch (``heavy_global``) takes none."""
+    an operator that hashes no public key into a sketch (``heavy_global``) takes none. (The
+    ``EventTime`` section of ``settings``, with the key.)"""
+    event_time = EventTime.of(settings)
     return {
-        "max_future_ms": setting(settings, "max_future_ms"),
-        "future_policy": setting(settings, "future_policy"),
-        "max_late_ms": setting(settings, "max_late_ms"),
-        "late_policy": setting(settings, "late_policy"),
+        "max_future_ms": event_time.max_future_ms,
+        "future_policy": event_time.future_policy,
+        "max_late_ms": event_time.max_late_ms,
+        "late_policy": event_time.late_policy,
         "hash_key": hash_key_from_settings(settings, topology) if hashed else None,
     }
 
@@ -97,8 +100,8 @@ def operator_settings(settings: Settings, topology: str, hashed: bool = True) ->
 def codec_settings(settings: Settings) -> dict[str, Any]:
     """Key checks every codec applies: ``max_key_bytes`` (1024: longer keys are
     dead-lettered) and ``allow_empty_keys`` (false: empty keys are dead-lettered)."""
-    return {"max_key_bytes": setting(settings, "max_key_bytes"),
-            "allow_empty_keys": setting(settings, "allow_empty_keys")}
+    event_time = EventTime.of(settings)
+    return {"max_key_bytes": event_time.max_key_bytes, "allow_empty_keys": event_time.allow_empty_keys}
 
 
 @dataclass(frozen=True)
@@ -265,12 +268,12 @@ def load_topology(name: str, settings: Settings | None = None) -> Topology:
     if not isinstance(topology, Topology):
         raise ConfigError(f"topology module {module.__name__!r}: build(settings) returned "
                           f"{type(topology).__name__}, not a Topology")
-    reset_state = bool(settings.get("reset_state", False))
+    reset_state = bool(Checkpointing.of(settings).reset_state)
     rescheme = None
     if INDEX_SCHEME in settings.declared and settings.sources.get(INDEX_SCHEME) == "default" and not reset_state:
         given = settings
 
         def rescheme(scheme: str) -> Topology:
             return load_topology(name, Settings({**given.overrides, INDEX_SCHEME: scheme}, environ=given.environ))
-    return dataclasses.replace(topology, app_id=settings.get("app_id", None) or topology.app_id,
+    return dataclasses.replace(topology, app_id=Group.of(settings).app_id or topology.app_id,
                                reset_state=reset_state, with_index_scheme=rescheme)

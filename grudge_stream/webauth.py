@@ -172,23 +172,25 @@ class QueryAccess:
 
     @classmethod
     def from_settings(cls, settings: Any, metrics: Any = None) -> "QueryAccess":
-        """Checks the bind address against the tokens (ConfigError: one line, exit 2)."""
-        from grudge_stream.settings import setting
+        """The rules of a ``Serving`` section (or of the ``Settings`` it is read from).
+        Checks the bind address against the tokens (ConfigError: one line, exit 2)."""
+        from grudge_stream.sections import Serving, as_section
 
-        path = setting(settings, "query_token_file")
-        host = setting(settings, "web_host")
+        serving = as_section(Serving, settings)
+        path = serving.query_token_file
+        host = serving.web_host
         tokens = TokenFile(path) if path else None
         if tokens is None and not is_loopback(host):
-            if not setting(settings, "insecure_open_queries"):
+            if not serving.insecure_open_queries:
                 raise ConfigError(
-                    f"the score query API would answer anyone who reaches {host}:{setting(settings, 'web_port')} "
+                    f"the score query API would answer anyone who reaches {host}:{serving.web_port} "
                     "without a token: set query_token_file (a file of bearer tokens, docs/security.md), "
                     "bind web_host to a loopback address, or set insecure_open_queries=true")
             log.warning("insecure_open_queries=true: /v1/score answers anyone who reaches %s without a token "
                         "(an oracle for abusers who watch their own score). Set query_token_file for any real "
                         "deployment.", host)
-        rate = setting(settings, "query_rate_per_s")
-        budget = QueryBudget(rate, setting(settings, "query_burst")) if rate else None
+        rate = serving.query_rate_per_s
+        budget = QueryBudget(rate, serving.query_burst) if rate else None
         return cls(tokens, budget, metrics)
 
     def _refused(self, reason: str) -> None:
@@ -238,10 +240,12 @@ class QueryAccess:
 
 
 def server_tls(settings: Any) -> ssl.SSLContext | None:
-    """The HTTPS context of the worker's web port, or None (plain HTTP)."""
-    from grudge_stream.settings import setting
+    """The HTTPS context of the worker's web port (a ``Serving`` section, or the ``Settings``
+    it is read from), or None (plain HTTP)."""
+    from grudge_stream.sections import Serving, as_section
 
-    cert, key = setting(settings, "web_tls_cert_file"), setting(settings, "web_tls_key_file")
+    serving = as_section(Serving, settings)
+    cert, key = serving.web_tls_cert_file, serving.web_tls_key_file
     if not cert and not key:
         return None
     if not cert or not key:
@@ -257,10 +261,11 @@ def server_tls(settings: Any) -> ssl.SSLContext | None:
 
 
 def client_tls(settings: Any) -> ssl.SSLContext:
-    """The context forwards and ``grudge-stream score`` verify an HTTPS worker with."""
-    from grudge_stream.settings import setting
+    """The context forwards and ``grudge-stream score`` verify an HTTPS worker with (a
+    ``Serving`` section, or the ``Settings`` it is read from)."""
+    from grudge_stream.sections import Serving, as_section
 
-    ca = setting(settings, "web_tls_ca_file")
+    ca = as_section(Serving, settings).web_tls_ca_file
     try:
         return ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
     except (OSError, ssl.SSLError) as exc:

@@ -7,7 +7,7 @@ import sys
 import time
 
 from grudge_stream.cli.common import add_topology_arguments, settings_from
-from grudge_stream.settings import setting
+from grudge_stream.sections import Identity, Serving
 from grudge_stream.topology import load_topology
 
 
@@ -33,20 +33,21 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     url = args.url
     settings = settings_from(args)
-    token_file = args.token_file or setting(settings, "query_token_file")
+    token_file = args.token_file or Serving.of(settings).query_token_file
     headers = {"Content-Type": "application/json"}
     if token_file:
         from grudge_stream.webauth import TokenFile
 
         headers["Authorization"] = "Bearer " + TokenFile(token_file).own_token().decode()
     if not url:
-        if (settings.get("seed", None) is None and settings.get("seed_file", None) is None
-                and not settings.get("insecure_public_seed", False)):
+        identity = Identity.of(settings)
+        if identity.seed is None and identity.seed_file is None and not identity.insecure_public_seed:
             settings.overrides["seed"] = "0" * 32  # only the web settings are read: no sketch is built
         load_topology(args.topology, settings)
-        host = setting(settings, "web_host")
-        scheme = "https" if setting(settings, "web_tls_cert_file") else "http"
-        url = f"{scheme}://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{setting(settings, 'web_port')}"
+        serving = Serving.of(settings)
+        host = serving.web_host
+        scheme = "https" if serving.web_tls_cert_file else "http"
+        url = f"{scheme}://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{serving.web_port}"
     body = json.dumps({"keys": args.keys}).encode()
     req = urllib.request.Request(url.rstrip("/") + "/v1/scores", data=body, method="POST", headers=headers)
     try:

@@ -9,7 +9,7 @@ import json
 
 from grudge_stream.cli.common import add_topology_arguments, connect, existing_topics, settings_from
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.settings import setting
+from grudge_stream.sections import sections
 from grudge_stream.topology import load_topology
 
 
@@ -18,6 +18,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     topology = load_topology(args.topology, settings)
+    cfg = sections(settings)
     conf = connect(settings)
     from grudge_stream.deployments import check_own_topics
 
@@ -26,8 +27,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
     before = topic_replication(settings.bootstrap_servers, names, conf)
     n = wait_for_cluster("creating the topology's topics", lambda: ensure_topology_topics(
         topology, settings.bootstrap_servers, partitions=args.partitions, create_source=True,
-        timestamp_bounds=True, client_config=conf, replication_factor=setting(settings, "replication_factor")),
-        setting(settings, "broker_wait_s"), settings.bootstrap_servers)
+        timestamp_bounds=True, client_config=conf, replication_factor=cfg.identity.replication_factor),
+        cfg.kafka.broker_wait_s, settings.bootstrap_servers)
     if args.partitions is not None and n != args.partitions:
         raise ConfigError(
             f"source topic {topology.source_topic!r} exists with {n} partitions, not {args.partitions}: "

@@ -12,7 +12,7 @@ import os
 import signal
 
 from grudge_stream.cli.common import add_topology_arguments, settings_from
-from grudge_stream.settings import setting
+from grudge_stream.sections import Group
 from grudge_stream.topology import load_topology
 
 
@@ -49,7 +49,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         faulthandler.enable(all_threads=True)
     settings = settings_from(args)
     topology = load_topology(args.topology, settings)
-    runtime = args.runtime or setting(settings, "runtime")
+    runtime = args.runtime or Group.of(settings).runtime
     # The start-up rules (refusals, topics, the overrides follower) run inside the runtime's own
     # entry point (grudge_stream.runtime.start), so a worker started as a library keeps them.
     start = dict(create_topics=not args.no_create_topics, partitions=args.partitions,

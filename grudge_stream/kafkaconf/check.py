@@ -73,7 +73,9 @@ def check_connection(settings, timeout_s: float = 5.0, wait_s: float | None = No
         raise ConfigError(f"invalid Kafka client configuration: {_one_line(exc)}") from None
     who = describe(settings) if properties is None else describe_properties(props)
     if wait_s is None:
-        wait_s = settings.get("broker_wait_s", 120.0)
+        from grudge_stream.sections import KafkaClient, as_section
+
+        wait_s = as_section(KafkaClient, settings).broker_wait_s
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     warned_at = None

@@ -429,7 +429,7 @@ def forgetting_set(app: Application, name: str, *, source: Any, **kw: Any) -> Qu
 
 def serve(app: Application, *, port: int | None = None, host: str | None = None, token_file: str | None = None,
           key_partitioner: str | None = None, insecure_open: bool = False, prefix: str = "/grudge",
-          advertised_url: str | None = None) -> StatesServer:
+          advertised_url: str | None = None, serving: Any = None) -> StatesServer:
     """Serve live reads of ``app``'s states (bound before or after) over HTTP, from any
     instance: ``GET <prefix>/<state name>/v1/score?key=K`` (and ``/v1/scores``), answered by
     the instance that holds the key's partition (``StatesServer``; docs/embedding.md). Quix
@@ -443,6 +443,9 @@ def serve(app: Application, *, port: int | None = None, host: str | None = None,
     ``murmur2`` (Kafka's default, Quix's own producers, Java's) or ``crc32``
     (librdkafka's default); default each state's setting (murmur2). ``advertised_url``:
     the URL the other instances reach this one at (default ``http://<host>:<port>``, the
-    machine's name when ``host`` binds every address; ``GRUDGE_ADVERTISED_URL``)."""
+    machine's name when ``host`` binds every address; ``GRUDGE_ADVERTISED_URL``). ``serving``:
+    a ``grudge_stream.sections.Serving`` section the others default to instead of the
+    ``GRUDGE_*`` variables (its TLS files, query budget, ...)."""
     return QuixStates.of(app).serve(port=port, host=host, token_file=token_file, key_partitioner=key_partitioner,
-                                    insecure_open=insecure_open, prefix=prefix, advertised_url=advertised_url)
+                                    insecure_open=insecure_open, prefix=prefix, advertised_url=advertised_url,
+                                    serving=serving)

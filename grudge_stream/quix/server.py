@@ -54,10 +54,13 @@ class StatesServer:
 
     def __init__(self, states: Any, *, port: int | None = None, host: str | None = None,
                  token_file: str | None = None, key_partitioner: str | None = None, insecure_open: bool = False,
-                 prefix: str = "/grudge", advertised_url: str | None = None) -> None:
+                 prefix: str = "/grudge", advertised_url: str | None = None, serving: Any = None) -> None:
+        import dataclasses
+
         from grudge_stream.exceptions import ConfigError
+        from grudge_stream.sections import Serving
         from grudge_stream.serving import PARTITIONERS
-        from grudge_stream.settings import Settings, setting
+        from grudge_stream.settings import Settings
         from grudge_stream.webauth import QueryAccess, is_loopback, server_tls
 
         if key_partitioner is not None and key_partitioner not in PARTITIONERS:
@@ -68,30 +71,29 @@ class StatesServer:
             raise ValueError(f"port must be an int from 0 to 65535 (0: any free port), not {port!r}")
         if host is not None and (not isinstance(host, str) or not host):
             raise ValueError(f"host must be an address to bind, not {host!r}")
-        env = Settings()
+        if serving is not None and not isinstance(serving, Serving):
+            raise TypeError(f"serving must be a grudge_stream.sections.Serving, not {type(serving).__name__}")
+        env = serving if serving is not None else Serving.of(Settings())  # default: GRUDGE_* variables
+        insecure_open = insecure_open or (serving is not None and serving.insecure_open_queries)
         self.states = states
-        self.host = host if host is not None else str(setting(env, "web_host"))
-        self.port = port if port is not None else int(setting(env, "web_port"))
-        token_file = token_file or setting(env, "query_token_file")
+        self.host = host if host is not None else str(env.web_host)
+        self.port = port if port is not None else int(env.web_port)
+        token_file = token_file or env.query_token_file
         if not token_file and not is_loopback(self.host) and not insecure_open:
             raise ConfigError(
                 f"host: live reads served on {self.host} would answer anyone who reaches port {self.port} "
                 "without a token. Give serve(app, token_file=...) (or GRUDGE_QUERY_TOKEN_FILE: a file of bearer "
                 "tokens, docs/security.md), serve on a loopback address (host='127.0.0.1', the default), or "
                 "serve(app, insecure_open=True)")
-        overrides = {"web_host": self.host, "web_port": str(self.port)}
-        if token_file:
-            overrides["query_token_file"] = str(token_file)
-        if insecure_open:
-            overrides["insecure_open_queries"] = "true"
-        if advertised_url:
-            overrides["advertised_url"] = str(advertised_url)
-        self.settings = Settings(overrides, environ=env.environ)
+        self.serving = dataclasses.replace(
+            env, web_host=self.host, web_port=self.port, query_token_file=str(token_file) if token_file else None,
+            insecure_open_queries=env.insecure_open_queries or insecure_open,
+            advertised_url=str(advertised_url) if advertised_url else env.advertised_url)
         try:
-            self.access = QueryAccess.from_settings(self.settings)
+            self.access = QueryAccess.from_settings(self.serving)
         except ConfigError as exc:  # a token file that cannot be read, or holds no token
             raise ConfigError(f"token_file: {exc}") from None
-        self.tls = server_tls(self.settings)
+        self.tls = server_tls(self.serving)
         self.key_partitioner = key_partitioner
         self.prefix = prefix.rstrip("/")
         self.base_url = ""
@@ -111,10 +113,11 @@ class StatesServer:
     def start(self) -> None:
         """Bind the port and serve from a thread (``app.run()`` calls it first); a port that
         cannot be bound is a ``ConfigError`` naming it, before the app joins its group."""
+        import dataclasses
+
         from grudge_stream.exceptions import ConfigError
         from grudge_stream.serving.members import advertised_url
         from grudge_stream.serving.server import WebServer
-        from grudge_stream.settings import Settings
 
         if self.server is not None:
             return
@@ -122,8 +125,7 @@ class StatesServer:
             self.server = WebServer((self.host, self.port), self.route, self.tls).start("grudge-quix-reads")
         except OSError as exc:
             raise ConfigError(f"port: live reads cannot be served on {self.host}:{self.port}: {exc}") from None
-        bound = {**self.settings.overrides, "web_port": str(self.server.port)}
-        self.base_url = advertised_url(Settings(bound, environ=self.settings.environ))
+        self.base_url = advertised_url(dataclasses.replace(self.serving, web_port=self.server.port))
         log.info("live reads of the states at %s%s/<state>/v1/score", self.base_url, self.prefix)
 
     def route(self, path: str) -> tuple[Any, str] | None:

@@ -63,7 +63,7 @@ from grudge_stream.runtime.batch_renewal import (  # noqa: F401 - the renewal li
 from grudge_stream.runtime.core import Transaction, TransactionStuck, WorkerCore
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
 from grudge_stream.runtime.native import open_reader
-from grudge_stream.settings import setting
+from grudge_stream.sections import Checkpointing, Group
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
 
@@ -82,16 +82,17 @@ class BatchWorker(BatchCommits, ClientRenewal):
     failed for good replaced by ``ClientRenewal`` (``grudge_stream.runtime.batch_renewal``)."""
 
     def __init__(self, topology: Topology, settings: Settings) -> None:
-        self.exactly_once = setting(settings, "exactly_once")
+        group = Group.of(settings)  # the core reads every section again, once, below
+        self.exactly_once = Checkpointing.of(settings).exactly_once
         # Small batches keep the messages and columns of one batch in cache: 2,000 measured
         # ~30% faster than 10,000 (benchmarks/bench_batch.py).
-        self.batch_size = setting(settings, "batch_size")
+        self.batch_size = group.batch_size
         # consume() returns once it has batch_size records or this wait has passed: under
         # load batches fill at once; on a quiet topic this bounds the latency it adds (with
         # a 200 ms wait alerts took p50 150 ms at 3,000 events/s, with 10 ms p50 ~40 ms).
-        self.batch_max_wait_ms = setting(settings, "batch_max_wait_ms")
+        self.batch_max_wait_ms = group.batch_max_wait_ms
         # How records are read (grudge_stream.runtime.native): the reader, None on today's path.
-        self.ingest = setting(settings, "ingest")
+        self.ingest = group.ingest
         self.native = None
         if self.batch_size < 1 or self.batch_max_wait_ms < 1:
             raise ConfigError("batch_size and batch_max_wait_ms must be at least 1")
@@ -114,8 +115,8 @@ class BatchWorker(BatchCommits, ClientRenewal):
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
-            "session.timeout.ms": int(setting(settings, "session_timeout_s") * 1000),
-            "heartbeat.interval.ms": int(setting(settings, "heartbeat_interval_s") * 1000),
+            "session.timeout.ms": int(group.session_timeout_s * 1000),
+            "heartbeat.interval.ms": int(group.heartbeat_interval_s * 1000),
             "max.poll.interval.ms": 300_000,
             **FAST_CONSUMER,
             **self.core.client_config,
@@ -134,7 +135,7 @@ class BatchWorker(BatchCommits, ClientRenewal):
             txns.transaction = Transaction(txns.producer, self.consumer.consumer_group_metadata)
         self._http: WebServer | None = None
         # Live queries ahead of processing, within a share of the loop's time (serving.QueryGate).
-        self.query_gate = QueryGate(setting(settings, "query_priority_share"), self.core.metrics)
+        self.query_gate = QueryGate(self.core.sections.serving.query_priority_share, self.core.metrics)
 
     # -- the core's hooks -------------------------------------------------------------------------
 
@@ -355,9 +356,9 @@ class BatchWorker(BatchCommits, ClientRenewal):
             # socket read or write, a forward, a slot lock) can cost 5 ms on a busy worker.
             # Switching matters only while a second thread waits, so an idle API costs nothing.
             sys.setswitchinterval(QUERY_SWITCH_INTERVAL_S)
-        host = setting(self.settings, "web_host")
-        port = setting(self.settings, "web_port")
-        self._http = WebServer((host, port), lambda path: (api, path), server_tls(self.settings)).start()
+        host = self.core.sections.serving.web_host
+        port = self.core.sections.serving.web_port
+        self._http = WebServer((host, port), lambda path: (api, path), server_tls(self.core.sections.serving)).start()
 
 
 def run_batch_worker(topology: Topology, settings: Settings, *, create_topics: bool = True,

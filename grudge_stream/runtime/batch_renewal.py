@@ -14,7 +14,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from grudge_stream.exceptions import WorkerFault, exit_code
 from grudge_stream.runtime.core import TXN_CALL_TIMEOUT_S, TransactionStuck, _resume
-from grudge_stream.settings import setting
 
 log = logging.getLogger("grudge_stream.batch")
 
@@ -122,7 +121,7 @@ class ClientRenewal:
         why = str(exc) if stuck else exc.args[0].str()
         now = time.monotonic()
         if not stuck:
-            if now - self._fenced_at < max(60.0, 2 * setting(self.settings, "transaction_timeout_s")):
+            if now - self._fenced_at < max(60.0, 2 * self.core.sections.checkpointing.transaction_timeout_s):
                 log.error("the transactional producer was fenced again right after its renewal (%s): "
                           "another instance runs with the same group_instance_id?", why)
                 raise exc

@@ -20,20 +20,22 @@ from typing import Any, Callable, Iterable
 
 from grudge_stream.checkpoint import BROKER_ABORT_CHECK_INTERVAL_S, OPEN_TRANSACTION_MARGIN_S
 from grudge_stream.partitions import PartitionSlot, RestoreOutcome
-from grudge_stream.settings import setting
+from grudge_stream.sections import Checkpointing, KafkaClient, as_section
 from grudge_stream.topology import Settings
 
 
-def open_transaction_wait(settings: Settings) -> float:
+def open_transaction_wait(checkpointing: Checkpointing | Settings) -> float:
     """How long a restore waits out another producer's open transaction on the snapshot
     topic: ``open_transaction_wait_s`` (0: not at all), by default the time the broker
     takes to abort a dead worker's transaction — its timeout (that of the fleet, assumed
-    equal to ours) plus the broker's abort-check interval and a margin."""
-    wait = setting(settings, "open_transaction_wait_s")
+    equal to ours) plus the broker's abort-check interval and a margin. Of a
+    ``Checkpointing`` section, or of the ``Settings`` it is read from."""
+    checkpointing = as_section(Checkpointing, checkpointing)
+    wait = checkpointing.open_transaction_wait_s
     if wait is None:
-        wait = (setting(settings, "transaction_timeout_s") + BROKER_ABORT_CHECK_INTERVAL_S
+        wait = (checkpointing.transaction_timeout_s + BROKER_ABORT_CHECK_INTERVAL_S
                 + OPEN_TRANSACTION_MARGIN_S)
-    return wait
+    return float(wait)
 
 
 def restart_point(outcome: RestoreOutcome, committed: int | None, low_watermark: Callable[[], int]
@@ -94,13 +96,19 @@ class CommitLimits:
 
 class GroupOffsets:
     """What the cluster says of the consumer group ``group`` on ``topic`` (see the module
-    docstring); every call blocks and makes clients of its own."""
+    docstring); every call blocks and makes clients of its own.
 
-    def __init__(self, group: str, topic: str, settings: Settings, client_config: dict,
-                 log: logging.Logger) -> None:
+    ``kafka``: its ``broker_wait_s``; ``checkpointing``: the open-transaction wait (a
+    ``Settings`` as ``kafka`` stands for both)."""
+
+    def __init__(self, group: str, topic: str, kafka: KafkaClient | Settings, client_config: dict,
+                 log: logging.Logger, checkpointing: Checkpointing | None = None) -> None:
         self.app_id = group
         self.topic = topic
-        self.settings = settings
+        self.wait_s = as_section(KafkaClient, kafka).broker_wait_s
+        if checkpointing is None:
+            checkpointing = Checkpointing() if isinstance(kafka, KafkaClient) else Checkpointing.of(kafka)
+        self.unstable_wait_s = open_transaction_wait(checkpointing)
         self.client_config = client_config
         self.log = log
 
@@ -124,8 +132,8 @@ class GroupOffsets:
         # it ends (KIP-447), and the read times out; that wait is bounded by the transaction's
         # timeout, so a timeout is retried for the longer of the two waits.
         t0 = time.monotonic()
-        deadline = t0 + setting(self.settings, "broker_wait_s")
-        unstable_deadline = max(deadline, t0 + open_transaction_wait(self.settings))
+        deadline = t0 + self.wait_s
+        unstable_deadline = max(deadline, t0 + self.unstable_wait_s)
         delay, warned = 0.25, 0.0
         while True:
             try:

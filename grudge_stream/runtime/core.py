@@ -53,8 +53,8 @@ per job, each in a module of its own:
 - **readiness, lag, health and metrics**: ``/ready`` (``ready_status``), ``/live``
   (``Liveness``), ``/metrics`` (``Metrics``), consumer lag per partition.
 
-Runtime settings are read with ``setting(settings, name)`` (``grudge_stream.settings``),
-with the defaults declared in ``COMMON``; client configuration comes from
+Runtime settings are read once into frozen sections (``grudge_stream.sections``: ``sections``,
+with the defaults declared in ``COMMON``) and each part gets its section; client configuration comes from
 ``grudge_stream.kafkaconf`` (``producer_config`` for every producer, ``FAST_CONSUMER`` for
 every batched confluent-kafka consumer), and consumed messages become records through
 ``grudge_stream.operators.records``.
@@ -89,7 +89,7 @@ from grudge_stream.runtime.slots import PartitionSlots
 from grudge_stream.runtime.ticks import IdleTicks
 from grudge_stream.runtime.transactional import Transactions
 from grudge_stream.serving import PartitionerCheck, ScoreQueries
-from grudge_stream.settings import setting
+from grudge_stream.sections import sections
 from grudge_stream.signing import SigningKeys
 from grudge_stream.topology import Settings, Topology
 
@@ -143,16 +143,17 @@ class WorkerCore:
         self.in_group = False
         self.topology = topology
         self.settings = settings
-        self.bootstrap = bootstrap_servers or settings.bootstrap_servers
+        self.sections = sections(settings)  # read once; each part gets its section
+        self.bootstrap = bootstrap_servers or self.sections.kafka.bootstrap_servers
         # Security and pass-through client properties, for every client (docs/security.md).
         self.client_config = {**client_config(settings, self.bootstrap), **(client_properties or {})}
         self.topic = topology.source_topic
         # Forwarding operators read headers: the record path (no columns) for them only.
         self.needs_headers = bool(topology.needs_headers)
         self.app_id = topology.app_id
-        self.instance_id = setting(settings, "group_instance_id")
+        self.instance_id = self.sections.group.group_instance_id
         self.metrics = Metrics()
-        self.liveness = Liveness.from_settings(settings)
+        self.liveness = Liveness.from_settings(self.sections.group)
         # /live also fails when this member holds nothing while the group stands still and
         # records arrive (a member the group forgot: liveness.GroupProgress).
         self.group_progress = GroupProgress(self.liveness.timeout_s, self.group_position)
@@ -160,35 +161,38 @@ class WorkerCore:
         self.partition_slots = PartitionSlots(topology, self.metrics,
                                               partition_count=lambda: self._topic_partition_count(),
                                               low_watermark=lambda p: self._low_watermark(p))
-        self.limits = CommitLimits(CheckpointCadence(setting(settings, "commit_interval_s")))
-        self.offsets = GroupOffsets(self.app_id, self.topic, settings, self.client_config, self.log)
+        self.limits = CommitLimits(CheckpointCadence(self.sections.group.commit_interval_s))
+        self.offsets = GroupOffsets(self.app_id, self.topic, self.sections.kafka, self.client_config, self.log,
+                                    self.sections.checkpointing)
         cadence = CheckpointCadence(topology.checkpoint_interval_s)
-        self.budget = SnapshotBudget(setting(settings, "snapshot_replay_budget_s"),
-                                     setting(settings, "snapshot_max_age_s"), self.partition_slots)
+        self.budget = SnapshotBudget(self.sections.checkpointing.snapshot_replay_budget_s,
+                                     self.sections.checkpointing.snapshot_max_age_s, self.partition_slots)
         self._replay_recorded = 0.0
-        self.transactions = Transactions(settings, self.app_id, self.instance_id, self.bootstrap,
+        self.transactions = Transactions(self.sections.checkpointing, self.app_id, self.instance_id, self.bootstrap,
                                          self.client_config, self.log, exactly_once=exactly_once)
         producer = self.transactions.producer  # the transactional one, or None
         self.publisher = OutputPublisher(self.bootstrap, topology.outputs, producer=producer,
                                          operator_id=topology.operator_id, metrics=self.metrics,
                                          client_config=self.client_config)
         self.store = CheckpointStore(self.bootstrap, topology.snapshot_topic, client_config=self.client_config,
-                                     chunk_bytes=setting(settings, "snapshot_chunk_bytes"),
-                                     chunk_delay_s=setting(settings, "snapshot_chunk_delay_s"),
-                                     producer=producer, open_transaction_wait_s=open_transaction_wait(settings))
+                                     chunk_bytes=self.sections.checkpointing.snapshot_chunk_bytes,
+                                     chunk_delay_s=self.sections.checkpointing.snapshot_chunk_delay_s,
+                                     producer=producer,
+                                     open_transaction_wait_s=open_transaction_wait(self.sections.checkpointing))
         self.checkpointer = Checkpointer(cadence, self.budget, self.partition_slots, self.transactions, self.store,
                                          self.publisher, self.liveness, lambda: self.is_stopping(), self.log)
         self.broker = BrokerProbe(self.client_config, self.topic)
         # Ticks into quiet partitions that hold raised keys (grudge_stream.runtime.ticks).
-        self.ticks = IdleTicks(self.topic, setting(settings, "idle_tick_s"), self.client_config,
+        self.ticks = IdleTicks(self.topic, self.sections.event_time.idle_tick_s, self.client_config,
                                self.metrics.idle_ticks.labels(topology.operator_id))
-        self.waiting = AssignmentWatch(setting(settings, "session_timeout_s"), bool(self.instance_id))
-        self.partitioner_check = PartitionerCheck(settings.get("key_partitioner", "murmur2"), self.topic,
+        self.waiting = AssignmentWatch(self.sections.group.session_timeout_s, bool(self.instance_id))
+        self.partitioner_check = PartitionerCheck(self.sections.serving.key_partitioner, self.topic,
                                                   self.metrics)
-        self.signing = SigningKeys.from_settings(settings)  # signed members records (grudge_stream.signing)
+        self.signing = SigningKeys.from_settings(self.sections.serving)  # signed members records
         # Live score queries (grudge_stream.serving): answered from a restored slot, or
         # forwarded to the owner the members directory names (``start_members``).
-        self.membership = Membership(self.partition_slots, settings, bootstrap=self.bootstrap, app_id=self.app_id,
+        self.membership = Membership(self.partition_slots, self.sections.serving, bootstrap=self.bootstrap,
+                                     app_id=self.app_id,
                                      instance_id=self.instance_id, client_config=self.client_config,
                                      runtime=self.runtime, topic=self.topic, signing=self.signing,
                                      metrics=self.metrics, log=self.log)
@@ -197,7 +201,8 @@ class WorkerCore:
             overrides_rejected = self.metrics.entries_rejected.labels("overrides")
             overrides_rejected.inc(table.rejected)
             table.on_reject = overrides_rejected.inc
-        self.queries = ScoreQueries.from_settings(settings, self.query_slot, lambda: self.partition_count, None,
+        self.queries = ScoreQueries.from_settings(self.sections.serving, self.query_slot,
+                                                  lambda: self.partition_count, None,
                                                   self.metrics)
         self.queries.partitioner_check = self.partitioner_check
 

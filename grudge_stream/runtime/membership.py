@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from grudge_stream.serving import MembersDirectory, advertised_url
+from grudge_stream.sections import Serving, as_section
 from grudge_stream.topology import Settings
 
 # How often a worker republishes its members record (with its partitions' watermarks) from
@@ -25,11 +26,11 @@ class Membership:
 
     ``holder``: the worker's slots (``PartitionSlots``), read at each publish."""
 
-    def __init__(self, holder: Any, settings: Settings, *, bootstrap: str, app_id: str, instance_id: str | None,
-                 client_config: dict, runtime: str, topic: str, signing: Any, metrics: Any,
-                 log: logging.Logger) -> None:
+    def __init__(self, holder: Any, serving: Serving | Settings, *, bootstrap: str, app_id: str,
+                 instance_id: str | None, client_config: dict, runtime: str, topic: str, signing: Any,
+                 metrics: Any, log: logging.Logger) -> None:
         self.holder = holder
-        self.settings = settings
+        self.serving = as_section(Serving, serving)
         self.bootstrap = bootstrap
         self.app_id = app_id
         self.instance_id = instance_id
@@ -46,7 +47,7 @@ class Membership:
     def start(self, url: str | None, queries: Any) -> bool:
         """Start the directory (blocking); ``url``: where this member answers score queries
         (default ``advertised_url``). Whether it started; ``queries`` forward through it."""
-        url = url or advertised_url(self.settings)
+        url = url or advertised_url(self.serving)
         try:
             rejected = self.metrics.entries_rejected.labels("members")
             self.directory = MembersDirectory(self.bootstrap, self.app_id, self.instance_id or url, url,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 
 from grudge_stream.exceptions import ConfigError
-from grudge_stream.settings import setting
+from grudge_stream.sections import sections
 from grudge_stream.topology import Settings, Topology
 
 RUNTIMES = ("batch", "faust")
@@ -53,7 +53,8 @@ def start_checks(topology: Topology, settings: Settings, runtime: str, *, create
 
     if runtime not in RUNTIMES:
         raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
-    if runtime == "faust" and setting(settings, "exactly_once"):
+    cfg = sections(settings)
+    if runtime == "faust" and cfg.checkpointing.exactly_once:
         raise ConfigError(
             "exactly_once needs the batch runtime (--runtime batch): a transaction must commit the "
             "source offsets with the consuming client's group metadata, and the Faust runtime consumes "
@@ -64,22 +65,22 @@ def start_checks(topology: Topology, settings: Settings, runtime: str, *, create
 
         faust_options(settings)  # refuses, before connecting, security aiokafka cannot apply
         app_state_dir(settings, topology.app_id, temporary_fallback=True)  # Faust's data directory
-    if runtime == "batch" or setting(settings, "web_enabled"):
-        check_web_port(setting(settings, "web_host"), setting(settings, "web_port"))
+    if runtime == "batch" or cfg.serving.web_enabled:
+        check_web_port(cfg.serving.web_host, cfg.serving.web_port)
     conf = client_config(settings)
     check_connection(settings)  # a wrong password or TLS setup: one line, not clients retrying for ever
-    wait_s = setting(settings, "broker_wait_s")
+    wait_s = cfg.kafka.broker_wait_s
     if create_topics:
         # A cluster that answers metadata may still be electing leaders or creating internal
         # topics: the checks below retry until broker_wait_s, then exit with one line.
         wait_for_cluster("creating the topology's topics", lambda: ensure_topology_topics(
             topology, settings.bootstrap_servers, partitions=partitions, create_source=create_source,
             timestamp_bounds=True, client_config=conf,
-            replication_factor=setting(settings, "replication_factor")), wait_s, settings.bootstrap_servers)
+            replication_factor=cfg.identity.replication_factor), wait_s, settings.bootstrap_servers)
     check_group_runtime(settings.bootstrap_servers, topology.app_id, runtime, client_config=conf, wait_s=wait_s,
                         source_topic=topology.source_topic)
     check_own_topics(topology, settings.bootstrap_servers, conf, settings)  # one deployment's topics
     if topology.overrides is None:
         start_override_follower(topology, settings.bootstrap_servers, conf,  # before any partition is restored
-                                signing=SigningKeys.from_settings(settings))
+                                signing=SigningKeys.from_settings(cfg.serving))
     return conf

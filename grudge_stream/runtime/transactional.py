@@ -19,7 +19,7 @@ from grudge_stream.checkpoint import BROKER_ABORT_CHECK_INTERVAL_S
 from grudge_stream.kafka.transactions import TXN_CALL_TIMEOUT_S, Transaction
 from grudge_stream.kafka.transactions import resume as _resume
 from grudge_stream.kafkaconf import producer_config
-from grudge_stream.settings import setting
+from grudge_stream.sections import Checkpointing, as_section
 from grudge_stream.topology import Settings
 
 
@@ -29,9 +29,9 @@ class Transactions:
     ``transactional_id`` is ``<app_id>-<group_instance_id>``, or the host and process id
     without a ``group_instance_id``."""
 
-    def __init__(self, settings: Settings, app_id: str, instance_id: str | None, bootstrap: str,
-                 client_config: dict, log: logging.Logger, *, exactly_once: bool = False) -> None:
-        self.settings = settings
+    def __init__(self, checkpointing: Checkpointing | Settings, app_id: str, instance_id: str | None,
+                 bootstrap: str, client_config: dict, log: logging.Logger, *, exactly_once: bool = False) -> None:
+        self.checkpointing = as_section(Checkpointing, checkpointing)
         self.app_id = app_id
         self.instance_id = instance_id
         self.bootstrap = bootstrap
@@ -47,7 +47,7 @@ class Transactions:
         """A transactional producer, its transactions initialized (blocking)."""
         from confluent_kafka import Producer
 
-        txn_timeout_s = setting(self.settings, "transaction_timeout_s")
+        txn_timeout_s = self.checkpointing.transaction_timeout_s
         if not self.instance_id and not renewal:
             self.log.warning("exactly_once without group_instance_id: the transactional id changes with "
                              "every restart, so a crashed worker's open transaction is not aborted at once "

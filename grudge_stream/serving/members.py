@@ -18,15 +18,19 @@ MEMBERS_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0
 
 def advertised_url(settings: Any) -> str:
     """The URL other workers forward to: ``advertised_url``, else http://<web_host>:<web_port>
-    (the host name when the server binds every address)."""
-    url = settings.get("advertised_url", None)
+    (the host name when the server binds every address); of a ``Serving`` section, or of the
+    ``Settings`` it is read from."""
+    from grudge_stream.sections import Serving, as_section
+
+    serving = as_section(Serving, settings)
+    url = serving.advertised_url
     if url:
         return str(url).rstrip("/")
-    host = settings.get("web_host", "127.0.0.1")
+    host = serving.web_host
     if host in ("", "0.0.0.0", "::"):
         host = socket.gethostname()
-    scheme = "https" if settings.get("web_tls_cert_file", None) else "http"
-    return f"{scheme}://{host}:{settings.get('web_port', 6066)}"
+    scheme = "https" if serving.web_tls_cert_file else "http"
+    return f"{scheme}://{host}:{serving.web_port}"
 
 
 # -- the members directory ----------------------------------------------------------------------------

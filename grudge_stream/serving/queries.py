@@ -124,16 +124,18 @@ class ScoreQueries:
     def from_settings(cls, settings: Any, slot_of: Callable[[int], Any],
                       partition_count: Callable[[], int | None],
                       directory: MembersDirectory | None, metrics: Any = None) -> "ScoreQueries":
-        from grudge_stream.settings import setting
+        """The queries of a ``Serving`` section (or of the ``Settings`` it is read from)."""
+        from grudge_stream.sections import Serving, as_section
 
-        debug = bool(setting(settings, "query_debug_detail"))
+        serving = as_section(Serving, settings)
+        debug = bool(serving.query_debug_detail)
         if debug:
             log.warning("query_debug_detail=true: score answers carry per-level reads and cell indexes, "
                         "which let anyone who can query search for keys that frame or hide another "
                         "(docs/serving.md). Turn it off outside debugging.")
-        return cls(slot_of, partition_count, partitioner=settings.get("key_partitioner", "murmur2"),
-                   directory=directory, url=advertised_url(settings), debug_detail=debug,
-                   access=QueryAccess.from_settings(settings, metrics), tls=client_tls(settings))
+        return cls(slot_of, partition_count, partitioner=serving.key_partitioner,
+                   directory=directory, url=advertised_url(serving), debug_detail=debug,
+                   access=QueryAccess.from_settings(serving, metrics), tls=client_tls(serving))
 
     def partition_count(self) -> int | None:
         n = self._partition_count()

@@ -458,3 +458,48 @@ def test_embedded_state_takes_a_faust_apps_sasl_ssl_credentials(secure_kafka: Se
     text = log.read_text()
     assert "Traceback" not in text, text[-4000:]
     assert "client certificate in the app's SSL context" in text  # what was not carried over, said once
+
+
+def test_embedded_state_takes_a_kafka_section(secure_kafka: SecureKafka, tmp_path: Path) -> None:
+    """A state of one's own loop on SASL_SSL from a ``kafka=KafkaClient(...)`` section (the
+    password in a file): it connects and creates its topics; a wrong password is one line."""
+    from grudge_stream.exceptions import ConfigError
+    from grudge_stream.hashkey import HashKey
+    from grudge_stream.sections import KafkaClient
+    from grudge_stream.sketches.score_config import Exponential, ScoreSketchConfig
+    from grudge_stream.state import ScoreState
+    from grudge_stream.topics import create_topics
+
+    k = secure_kafka
+    run = uuid.uuid4().hex[:6]
+    source = f"section-logins-{run}"
+    conf = k.client()
+    create_topics(k.sasl, {source: (2, {})}, client_config=conf)
+    password = tmp_path / "password"
+    password.write_text(k.users["alice"] + "\n")
+
+    def state(name: str, password_file: Path) -> ScoreState:
+        return ScoreState(name, source_topic=source, hash_key=HashKey.parse(secrets.token_hex(16)),
+                          sketch=ScoreSketchConfig(levels=2, cells_per_level=1000, decay=Exponential(0.01),
+                                                   hasher="siphash"), raise_at=0.5, clear_at=0.25,
+                          kafka=KafkaClient(bootstrap_servers=k.sasl, security_protocol="SASL_SSL",
+                                            sasl_mechanism="SCRAM-SHA-512", sasl_username="alice",
+                                            sasl_password_file=str(password_file), ssl_ca_location=str(k.pki.ca)),
+                          broker_wait_s=10)
+
+    s = state(f"section-{run}", password).start()
+    try:
+        assert s.assign([0, 1]) == {0: None, 1: None}
+        s.update(b"mallory", 0.1, partition=0, offset=0, timestamp_ms=int(time.time() * 1000))
+        s.checkpoint({0: 1})
+    finally:
+        s.close()
+    from confluent_kafka.admin import AdminClient
+
+    topics = AdminClient(conf).list_topics(timeout=10).topics
+    assert f"section-{run}-snapshots" in topics and f"section-{run}-alerts" in topics
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-" + k.users["alice"])
+    with pytest.raises(ConfigError) as refused:
+        state(f"section-wrong-{run}", wrong).start()
+    assert len(str(refused.value).splitlines()) == 1 and "authentication failed" in str(refused.value)

@@ -109,6 +109,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     from grudge_stream.runtime.checkpointer import SnapshotBudget
     from grudge_stream.runtime.core import WorkerCore
     from grudge_stream.runtime.slots import PartitionSlots
+    from grudge_stream.sections import sections
     from grudge_stream.serving import PartitionerCheck
 
     clock = FakeClock()
@@ -116,6 +117,7 @@ def test_batch_worker_http_serves_live_from_the_loop_heartbeat() -> None:
     core = worker.core = object.__new__(WorkerCore)
     port = free_port()
     worker.settings = Settings({"web_port": str(port)}, environ={})
+    core.sections = sections(worker.settings)  # what the core reads once from them
     core.liveness = Liveness(60.0, clock=clock)
     core.metrics = Metrics()
     core.in_group = False

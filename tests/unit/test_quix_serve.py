@@ -97,6 +97,23 @@ def test_without_a_token_file_only_a_loopback_address_is_served(tmp_path):
     assert web.access.authorize({"Authorization": "Bearer " + "r" * 32}, "10.0.0.1") == ("reader", None)
 
 
+def test_a_serving_section_is_what_the_other_arguments_default_to(tmp_path):
+    from grudge_stream.sections import Serving
+
+    def fresh(name):
+        return Application(broker_address="127.0.0.1:1", consumer_group=name, state_dir=str(tmp_path / name),
+                           loglevel=None)
+
+    web = grudge.serve(fresh("section"), serving=Serving(web_host="0.0.0.0", web_port=0, insecure_open_queries=True,
+                                                          query_rate_per_s=5, advertised_url="http://me:1"))
+    assert (web.host, web.port, web.access.tokens, web.access.budget.rate) == ("0.0.0.0", 0, None, 5.0)
+    assert web.serving.advertised_url == "http://me:1"
+    with pytest.raises(ConfigError, match="^host: live reads served on 0.0.0.0"):
+        grudge.serve(fresh("refused"), serving=Serving(web_host="0.0.0.0"), port=0)
+    with pytest.raises(TypeError, match="Serving"):
+        grudge.serve(fresh("wrong"), serving={"web_port": 0})
+
+
 def test_the_server_routes_each_state_and_answers_503_until_it_started(app, tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text("reader:" + "r" * 32 + "\n")

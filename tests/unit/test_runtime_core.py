@@ -275,10 +275,12 @@ def test_exactly_once_replaces_a_fenced_or_stuck_producer_but_not_one_fenced_twi
 
     from grudge_stream.runtime.batch import BatchWorker
     from grudge_stream.runtime.core import TransactionStuck
+    from grudge_stream.sections import sections
 
     renewed: list[bool] = []
     aborted: list[int] = []
     core = types.SimpleNamespace(
+        sections=sections(Settings({})),
         transactions=types.SimpleNamespace(transaction=types.SimpleNamespace(open=True)),
         checkpointer=types.SimpleNamespace(writer=None, queue=[1]),
         renew_producer=lambda stuck=False: renewed.append(stuck),

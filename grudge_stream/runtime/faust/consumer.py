@@ -31,7 +31,7 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 
-from grudge_stream.settings import setting
+from grudge_stream.sections import Group
 from grudge_stream.topology import Settings
 
 log = logging.getLogger("grudge_stream.faust")
@@ -50,7 +50,7 @@ class ShortWaitConsumerThread(AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport):
         consumer = super()._create_worker_consumer(transport)
         runtime = getattr(self.app, "grudge_runtime", None)
-        wait = setting(runtime.settings if runtime is not None else Settings(), "fetch_max_wait_ms")
+        wait = (runtime.core.sections.group if runtime is not None else Group.of(Settings())).fetch_max_wait_ms
         consumer._fetch_max_wait_ms = wait  # read by aiokafka when its fetcher starts
         return consumer
 

@@ -15,7 +15,7 @@ from faust.web import View
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.serving.http import WorkerHTTP, mount_core
-from grudge_stream.settings import setting
+from grudge_stream.sections import Serving
 from grudge_stream.topology import Settings
 
 log = logging.getLogger("grudge_stream.faust")
@@ -93,8 +93,8 @@ class StatesWeb:
 
         conf = self.app.conf
         first = next(iter(self.states.states.values()), None)
-        settings = first.settings if first is not None else Settings()
-        token_file = self.token_file or setting(settings, "query_token_file")
+        serving = first.sections.serving if first is not None else Serving.of(Settings())
+        token_file = self.token_file or serving.query_token_file
         bind = str(conf.web_bind or "0.0.0.0")
         if not token_file and not is_loopback(bind) and not self.insecure_open:
             raise ConfigError(
@@ -102,12 +102,9 @@ class StatesWeb:
                 f"who reaches port {conf.web_port} without a token. Give serve(app, token_file=...) (or "
                 "GRUDGE_QUERY_TOKEN_FILE: a file of bearer tokens, docs/security.md), bind the web server to a "
                 "loopback address (faust worker --web-bind 127.0.0.1), or serve(app, insecure_open=True)")
-        overrides = {"web_host": bind, "web_port": str(conf.web_port)}
-        if token_file:
-            overrides["query_token_file"] = token_file
-        if self.insecure_open:
-            overrides["insecure_open_queries"] = "true"
-        self.access = QueryAccess.from_settings(Settings(overrides, environ=settings.environ))
+        self.access = QueryAccess.from_settings(dataclasses.replace(
+            serving, web_host=bind, web_port=conf.web_port, query_token_file=token_file,
+            insecure_open_queries=serving.insecure_open_queries or self.insecure_open))
         self.base_url = str(conf.canonical_url).rstrip("/")
         if not conf.web_enabled:
             log.warning("the app's web server is disabled (web_enabled=False): the states' live reads "

@@ -47,7 +47,7 @@ from grudge_stream.runtime.core import WorkerCore
 from grudge_stream.runtime.faust.consumer import CheckpointedConsumer, GrudgeApp, keep_queued_events_on_resume
 from grudge_stream.runtime.faust.watchers import watch_coordination
 from grudge_stream.serving.http import WorkerHTTP
-from grudge_stream.settings import setting
+from grudge_stream.sections import Group, sections
 from grudge_stream.statedir import app_state_dir
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
@@ -74,7 +74,7 @@ class FaustRuntime:
     def __init__(self, app: faust.App, topology: Topology, settings: Settings) -> None:
         self.app = app
         self.settings = settings
-        self.drain = setting(settings, "drain")
+        self.drain = Group.of(settings).drain
         if self.drain not in ("batch", "agent"):
             raise ConfigError(f"drain must be 'batch' or 'agent', not {self.drain!r}")
         # The confluent-kafka clients of the core get the security and pass-through client
@@ -309,7 +309,8 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     settings = settings or Settings()
     start_checks(topology, settings, "faust", create_topics=create_topics, partitions=partitions,
                  create_source=create_source)
-    replication = setting(settings, "replication_factor")
+    cfg = sections(settings)
+    replication = cfg.identity.replication_factor
     if replication == -1:
         # The broker's default, asked here: Faust's topic creation cannot send -1.
         from grudge_stream.kafkaconf import client_config
@@ -318,20 +319,20 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
         replication = wait_for_cluster(
             "reading the brokers' default.replication.factor",
             lambda: broker_default_replication(settings.bootstrap_servers, client_config(settings)),
-            setting(settings, "broker_wait_s"), settings.bootstrap_servers)
+            cfg.kafka.broker_wait_s, settings.bootstrap_servers)
     options: dict[str, Any] = dict(
         broker=f"kafka://{settings.bootstrap_servers}",
         store="memory://",
         topic_replication_factor=replication,
-        topic_partitions=setting(settings, "partitions"),
+        topic_partitions=cfg.identity.partitions,
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
-        broker_commit_interval=setting(settings, "commit_interval_s"),
-        web_enabled=setting(settings, "web_enabled"),
-        web_host=setting(settings, "web_host"),
-        web_port=setting(settings, "web_port"),
-        web_bind=setting(settings, "web_host"),
-        web_ssl_context=server_tls(settings),
+        broker_commit_interval=cfg.group.commit_interval_s,
+        web_enabled=cfg.serving.web_enabled,
+        web_host=cfg.serving.web_host,
+        web_port=cfg.serving.web_port,
+        web_bind=cfg.serving.web_host,
+        web_ssl_context=server_tls(cfg.serving),
         key_serializer="raw",
         value_serializer="raw",
         producer_max_request_size=2 * 1024 * 1024,
@@ -339,10 +340,10 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
         # record of all its partitions as Python objects at once (peak RSS ~860 MiB over
         # 3 M events on 8 partitions, against ~400 MiB with this cap, at the same rate).
         broker_max_poll_records=MAX_POLL_RECORDS,
-        broker_session_timeout=setting(settings, "session_timeout_s"),
-        broker_heartbeat_interval=setting(settings, "heartbeat_interval_s"),
+        broker_session_timeout=cfg.group.session_timeout_s,
+        broker_heartbeat_interval=cfg.group.heartbeat_interval_s,
     )
-    instance_id = setting(settings, "group_instance_id")
+    instance_id = cfg.group.group_instance_id
     if instance_id:
         # Static membership: a restarted worker reclaims its partitions without a rebalance.
         options["consumer_group_instance_id"] = instance_id
@@ -358,8 +359,8 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     app.grudge_runtime = runtime  # type: ignore[attr-defined]
     source = app.topic(topology.source_topic, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
-    batch = setting(settings, "batch_size")
-    within = setting(settings, "batch_within_s")
+    batch = cfg.group.batch_size
+    within = cfg.group.batch_within_s
 
     async def process(stream):
         async for events in stream.take_events(batch, within):
@@ -380,7 +381,7 @@ def build_app(topology: Topology, settings: Settings | None = None, *, create_to
     app.on_before_shutdown.connect(runtime.on_shutdown)
     runtime.watch_coordination()
     # Also moves the commit limits on while no records arrive (commit_interval_s).
-    tick_s = max(0.1, min(setting(settings, "commit_interval_s"), topology.checkpoint_interval_s / 2))
+    tick_s = max(0.1, min(cfg.group.commit_interval_s, topology.checkpoint_interval_s / 2))
     app.timer(tick_s, name=f"{topology.name}-checkpoint")(
         runtime.checkpoint_tick)
 
