@@ -8,7 +8,7 @@ export GRUDGE_KAFKA_CACHE ?= $(CURDIR)/.cache/kafka
 # uncompiled source tree instead.
 RUN_INSTALLED := cd / && "$(CURDIR)/$(BIN)/python" -m
 
-.PHONY: help install test test-faults test-unit release-venvs upgrade-fixture example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs typecheck test-pythons
+.PHONY: help install test test-faults test-unit pythons-venvs pythons-run release-venvs upgrade-fixture example bench bench-kafka bench-peers broker-start broker-stop broker-status demo clean deploy-tools deploy-check manifests docs typecheck test-pythons
 
 help:
 	@echo "make test          install the package with its test extras into $(VENV) and the pinned deploy tools, start a local Kafka broker, run pytest"
@@ -66,7 +66,8 @@ $(INSTALL_STAMP): $(PKG_SOURCES) | $(BIN)/python
 TEST_LANES ?= 2
 LANE_B := tests/unit tests/property tests/golden tests/deploy tests/integration/test_cluster_faults.py \
           tests/integration/test_image.py tests/integration/test_upgrade.py tests/integration/test_outage.py \
-          tests/integration/test_embedded_quix.py tests/integration/test_hostile_input.py
+          tests/integration/test_embedded_quix.py tests/integration/test_hostile_input.py \
+          tests/integration/test_alert_view.py tests/integration/test_embedded_loop.py
 test: install deploy-tools release-venvs
 	$(RUN_INSTALLED) grudge_devkafka jars
 	@if [ "$(TEST_LANES)" = 1 ] || [ -n "$$KAFKA_BOOTSTRAP_SERVERS" ]; then exec $(BIN)/pytest; fi; \
@@ -106,12 +107,16 @@ test-unit: install
 
 # The supported Pythons besides the default one: the oldest (requires-python) and the newest.
 # Each gets a virtualenv of its own (.venv-<python>) with the package built and installed for it,
-# one after the other (the builds share build/); then their tests run side by side, each with its
-# own log and temporary directory (they mostly wait, so they take about the time of one), and
-# each log is printed when all have ended.
+# one after the other (the builds share build/; `make pythons-venvs`); then their tests run side
+# by side, each with its own log and temporary directory (they mostly wait, so they take about
+# the time of one), and each log is printed when all have ended (`make pythons-run`, on the
+# virtualenvs as they are). CI builds them before `make test` and runs their tests beside it.
 # A name pyenv knows but has not selected (its shim refuses it) is taken from pyenv's versions.
 PYTHONS ?= python3.10 python3.12 python3.13
-test-pythons:
+test-pythons: pythons-venvs
+	@$(MAKE) --no-print-directory pythons-run
+
+pythons-venvs:
 	@for py in $(PYTHONS); do \
 	  bin=$$py; \
 	  if ! $$bin -c 'import sys' >/dev/null 2>&1 && command -v pyenv >/dev/null; then \
@@ -122,6 +127,11 @@ test-pythons:
 	  v=.venv-$$py; echo "==> $$($$bin --version) in $$v"; \
 	  [ -x $$v/bin/python ] || $$bin -m venv $$v || exit 1; \
 	  rm -rf build/lib.*; $$v/bin/python -m pip install -q ".[test]" "./$(DEVKAFKA)" || exit 1; \
+	done
+
+pythons-run:
+	@for py in $(PYTHONS); do \
+	  [ -x .venv-$$py/bin/pytest ] || { echo "make pythons-run: no .venv-$$py (make pythons-venvs first)"; exit 1; }; \
 	done; \
 	mkdir -p build/test-pythons; pids=""; \
 	for py in $(PYTHONS); do \
