@@ -1,4 +1,5 @@
-"""The batch worker's native ingest path (setting ``ingest``, docs/runtime.md "Ingest paths").
+"""The native ingest path (setting ``ingest``, docs/runtime.md "Ingest paths") of the batch
+worker, ``grudge-stream replay`` / ``backfill`` and the repartition stage.
 
 confluent-kafka builds a Python ``Message`` per record, then ``group_messages`` takes it apart
 into columns. The native path reads the records of the worker's assigned partitions through
