@@ -16,7 +16,9 @@ topic once, then, interleaved over --runs rounds:
   faust-lean   the Faust runtime with its default drain=batch (whole fetches), only with --faust
   eos       the batch runtime with exactly_once=true, only with --eos
 
-and once: `replay` of all N events with snapshot writing (wall time and rate).
+and, in each round unless --no-replay, `replay` of all N events with snapshot writing (its
+wall-time rate and the CPU of the process while it ran) on each ingest path side by side:
+`replay` (ingest=python) and `replay-native` (ingest=native).
 
 With --baseline-exe PATH (the `grudge-stream` script of another installation, an
 earlier release say), `batch@base` and `faust-lean@base` run that installation's
@@ -214,6 +216,22 @@ def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir:
         log.close()
 
 
+def replay_run(bs: str, topic: str, ingest: str):
+    """`replay` of the whole topic with snapshot writing on one ingest path; the report, with the
+    CPU seconds of this process (every thread: librdkafka's included) while it ran."""
+    topology = load_topology("abuse_scores", Settings({"source_topic": topic, "operator_id": f"replay-{topic}",
+                                                       "snapshot_topic": f"{topic}-replay-snap",
+                                                       "seed": BENCH_KEY}, environ={}))
+    from grudge_stream.topics import ensure_topology_topics
+
+    ensure_topology_topics(topology, bs)
+    c0 = time.process_time()
+    rep = replay(topology, bs, start=Position("earliest"), end=Position("now"), sink=None,
+                 write_snapshots=True, progress=False, ingest=ingest)
+    rep.cpu_s = time.process_time() - c0  # type: ignore[attr-defined]
+    return rep
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -260,8 +278,11 @@ def main() -> None:
         modes.remove("faust-agent")
     if args.baseline_exe:
         modes += ["batch@base"] + (["faust-lean@base"] if args.faust else [])
+    if not args.no_replay:
+        modes += ["replay", "replay-native"]
     res: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
+    reps: dict = {}
     for r in range(args.runs):
         for m in modes:
             if m == "consume":
@@ -297,17 +318,14 @@ def main() -> None:
                                       workdir, exe=args.baseline_exe)
                 res[m].append(rate)
                 cpu[m].append(c)
+            elif m in ("replay", "replay-native"):
+                rep = replay_run(bs, topic, "native" if m == "replay-native" else "python")
+                assert rep.records == args.events, (m, rep.records)
+                res[m].append(rep.rate)
+                cpu[m].append(rep.cpu_s)  # type: ignore[attr-defined]
+                reps[m] = rep
             print(f"run {r + 1} {m:15s} {res[m][-1]:>12,.0f} events/s  (load {os.getloadavg()[0]:.2f})", flush=True)
-    rep = None
-    if not args.no_replay:
-        topology = load_topology("abuse_scores", Settings({"source_topic": topic, "operator_id": f"replay-{topic}",
-                                                           "snapshot_topic": f"{topic}-replay-snap",
-                                                           "seed": BENCH_KEY}, environ={}))
-        from grudge_stream.topics import ensure_topology_topics
-
-        ensure_topology_topics(topology, bs)
-        rep = replay(topology, bs, start=Position("earliest"), end=Position("now"), sink=None,
-                     write_snapshots=True, progress=False)
+    rep = reps.get("replay")
     med = {m: statistics.median(v) for m, v in res.items()}
     # Events per CPU-second: the bare loops' own CPU (from their first record), a worker's whole
     # process CPU (start-up and restores included) over the events it counted.
@@ -326,8 +344,12 @@ def main() -> None:
         print(f"batch-native / batch = {med['batch-native'] / med['batch']:.2f} events/s, "
               f"{per_cpu['batch-native'] / per_cpu['batch']:.2f} events per CPU-second (target >= 2.5); "
               f"batch-native / consume = {med['batch-native'] / med['consume']:.2f}")
-    if rep is not None:
-        print(f"replay with snapshots: {rep.records:,} records in {rep.seconds:.2f}s = {rep.rate:,.0f}/s")
+    for m, r_ in reps.items():
+        print(f"{m} with snapshots (last round): {r_.records:,} records in {r_.seconds:.2f}s = {r_.rate:,.0f}/s "
+              f"(read {r_.ingest})")
+    if "replay-native" in med:
+        print(f"replay-native / replay = {med['replay-native'] / med['replay']:.2f} events/s, "
+              f"{per_cpu['replay-native'] / per_cpu['replay']:.2f} events per CPU-second")
     # batch@base runs the other installation's default ingest (the native path where it has
     # one): it is compared with this installation's default, batch-native, like with like.
     for m, b in (("batch-native" if "batch-native" in med else "batch", "batch@base"),

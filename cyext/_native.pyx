@@ -5,14 +5,18 @@
 # Consumer; see grudge_stream/runtime/native.py.
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport strlen
 
 cdef extern from "grdk.h" nogil:
     ctypedef struct grdk_kafka_t:
         pass
     ctypedef struct grdk_queue_t:
+        pass
+    ctypedef struct grdk_headers_t:
         pass
     ctypedef struct grdk_message_t:
         int err
@@ -35,6 +39,8 @@ cdef extern from "grdk.h" nogil:
         void (*message_destroy)(grdk_message_t *) noexcept nogil
         int64_t (*message_timestamp)(const grdk_message_t *, int *) noexcept nogil
         const char *(*err2str)(int) noexcept nogil
+        int (*message_headers)(const grdk_message_t *, grdk_headers_t **) noexcept nogil
+        int (*header_get_all)(const grdk_headers_t *, size_t, const char **, const void **, size_t *) noexcept nogil
     grdk_api_t grdk
     int GRDK_CONSUMER
     int GRDK_ERR_PARTITION_EOF
@@ -84,6 +90,24 @@ def client_identity(object consumer):
     return grdk.name(rk).decode(errors="replace"), grdk.type(rk)
 
 
+cdef object _headers_of(grdk_message_t *m):
+    """A record's headers as confluent-kafka's ``Message.headers()`` gives them: None without
+    any, else ``[(name, value bytes or None)]`` in record order."""
+    cdef grdk_headers_t *hs = NULL
+    cdef size_t i = 0, size = 0
+    cdef const char *name = NULL
+    cdef const void *val = NULL
+    cdef list out
+    if grdk.message_headers(m, &hs) != 0 or hs == NULL:
+        return None
+    out = []
+    while grdk.header_get_all(hs, i, &name, &val, &size) == 0:
+        out.append((PyUnicode_DecodeUTF8(name, strlen(name), "replace"),
+                    PyBytes_FromStringAndSize(<const char *>val, size) if val != NULL else None))
+        i += 1
+    return out
+
+
 cdef class PartitionFetch:
     """One consumer's assigned partitions of ``topic``, forwarded to a queue of their own.
 
@@ -93,7 +117,10 @@ cdef class PartitionFetch:
     up to ``n`` records (waiting at most ``timeout_ms`` for the first ones, the GIL released)
     and returns ``(groups, errors, count)``: ``{partition: (offsets, timestamps, keys,
     values)}`` in fetch order, ``[(partition, code, text)]`` for per-partition errors (the end of
-    a partition included), and the records in ``groups``."""
+    a partition included), and the records in ``groups``. ``fetch(n, timeout_ms, headers=True)``
+    adds two columns per partition, ``(..., headers, timestamp_types)``: each record's headers
+    (None for a record without any, else ``[(name, value bytes or None)]`` as confluent-kafka's
+    ``Message.headers()``) and its timestamp type (0 none, 1 create time, 2 log append time)."""
 
     cdef grdk_kafka_t *rk
     cdef grdk_queue_t *queue
@@ -184,7 +211,7 @@ cdef class PartitionFetch:
             free(self.msgs)
             self.msgs = NULL
 
-    def fetch(self, Py_ssize_t n, int timeout_ms):
+    def fetch(self, Py_ssize_t n, int timeout_ms, bint headers=False):
         cdef dict groups = {}
         cdef list errors = []
         cdef ssize_t got, i
@@ -194,7 +221,7 @@ cdef class PartitionFetch:
         cdef int32_t last_p = -1
         cdef int tstype
         cdef Py_ssize_t count = 0
-        cdef list offs = None, tss = None, keys = None, vals = None
+        cdef list offs = None, tss = None, keys = None, vals = None, hdrs = None, tstypes = None
         cdef object cols, key, val
         if q == NULL or not self._live():
             raise RuntimeError("the fetcher or its consumer is closed")
@@ -221,7 +248,13 @@ cdef class PartitionFetch:
                         cols = groups.get(m.partition)
                         if cols is None:
                             offs, tss, keys, vals = [], [], [], []
-                            groups[m.partition] = (offs, tss, keys, vals)
+                            if headers:
+                                hdrs, tstypes = [], []
+                                groups[m.partition] = (offs, tss, keys, vals, hdrs, tstypes)
+                            else:
+                                groups[m.partition] = (offs, tss, keys, vals)
+                        elif headers:
+                            offs, tss, keys, vals, hdrs, tstypes = cols
                         else:
                             offs, tss, keys, vals = cols
                         last_p = m.partition
@@ -237,6 +270,9 @@ cdef class PartitionFetch:
                         val = None
                     keys.append(key)
                     vals.append(val)
+                    if headers:
+                        hdrs.append(_headers_of(m))
+                        tstypes.append(tstype)
                     count += 1
                 grdk.message_destroy(m)
                 i += 1

@@ -18,6 +18,7 @@
 typedef struct grdk_kafka_s grdk_kafka_t;   /* rd_kafka_t */
 typedef struct grdk_queue_s grdk_queue_t;   /* rd_kafka_queue_t */
 typedef struct grdk_topic_s grdk_topic_t;   /* rd_kafka_topic_t */
+typedef struct grdk_headers_s grdk_headers_t; /* rd_kafka_headers_t */
 
 /* rd_kafka_message_t, field for field. */
 typedef struct {
@@ -48,6 +49,8 @@ typedef struct {
     void (*message_destroy)(grdk_message_t *);
     int64_t (*message_timestamp)(const grdk_message_t *, int *);
     const char *(*err2str)(int);
+    int (*message_headers)(const grdk_message_t *, grdk_headers_t **);
+    int (*header_get_all)(const grdk_headers_t *, size_t, const char **, const void **, size_t *);
 } grdk_api_t;
 
 static grdk_api_t grdk;
@@ -85,6 +88,8 @@ static int grdk_load(const char *path, char *why, size_t whylen) {
     GRDK_SYM(message_destroy, "rd_kafka_message_destroy");
     GRDK_SYM(message_timestamp, "rd_kafka_message_timestamp");
     GRDK_SYM(err2str, "rd_kafka_err2str");
+    GRDK_SYM(message_headers, "rd_kafka_message_headers");
+    GRDK_SYM(header_get_all, "rd_kafka_header_get_all");
 #undef GRDK_SYM
     grdk.lib = lib;
     return 0;

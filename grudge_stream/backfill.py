@@ -56,6 +56,7 @@ class BackfillReport:
     live_members: int = 0         # the group's members while it ran (while_live)
     outputs: dict[str, int] = field(default_factory=dict)
     snapshots: dict[int, int] = field(default_factory=dict)  # partition -> generation
+    ingest: str = "python"        # how the records were read: native or python
 
     @property
     def complete(self) -> bool:
@@ -66,7 +67,7 @@ class BackfillReport:
         return {"group": self.group, "records": self.records, "applied": self.applied,
                 "seconds": round(self.seconds, 3), "start": self.start, "end": self.end,
                 "continued": self.continued, "complete": self.complete, "live_members": self.live_members,
-                "outputs": self.outputs, "snapshots": self.snapshots}
+                "outputs": self.outputs, "snapshots": self.snapshots, "ingest": self.ingest}
 
 
 def group_of(state: Any, group: str | None) -> str:
@@ -162,7 +163,7 @@ def record_applier(state: Any, value_of: Callable[[Any, Any], Any], counts: dict
 
 def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | None = None, sink: Any = None,
              output: Any = None, while_live: bool = False, uncommitted: str = "error", progress: bool = False,
-             batch_size: int = 2000, wait_s: float = WAIT_S) -> BackfillReport:
+             batch_size: int = 2000, wait_s: float = WAIT_S, ingest: str | None = None) -> BackfillReport:
     """Fill ``state`` from the retained history of its source topic up to ``group``'s
     committed offsets and write its snapshots there (see the module docstring).
 
@@ -174,7 +175,9 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
     ``uncommitted``: for a partition the group never committed that holds records, where
     the app will start (its ``auto.offset.reset``): ``earliest`` (nothing to fill) or
     ``latest`` (the whole partition); ``error`` (default) refuses. ``while_live``: run
-    although the group has members (a first pass; ``BackfillReport.complete`` is false)."""
+    although the group has members (a first pass; ``BackfillReport.complete`` is false).
+    ``ingest``: how records are read (auto, native, python; docs/runtime.md "Ingest paths");
+    default: the state's ``ingest`` setting, as a worker reads it."""
     from confluent_kafka import Consumer, TopicPartition
 
     from grudge_stream.checkpoint import CheckpointStore, watermarks
@@ -196,6 +199,10 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
                           "does not run (stop the app; backfill before it starts the state)")
     group = group_of(state, group)
     settings = state.settings
+    if ingest is None:
+        from grudge_stream.sections import Group
+
+        ingest = Group.of(settings).ingest
     bootstrap, props = state.connection()
     conf = {**client_config(settings, bootstrap), **props}
     check_connection(settings, wait_s=wait_s, bootstrap_servers=bootstrap, properties=conf, warn=False)
@@ -284,13 +291,13 @@ def backfill(state: Any, value_of: Callable[[Any, Any], Any], *, group: str | No
         rep = replay(topology, bootstrap, start=Position("earliest"), end=Position("now"), ends=ends, sink=sink,
                      write_snapshots=True, from_snapshot=continued, batch_size=batch_size, progress=progress,
                      client_config=conf, consumer_config={"auto.offset.reset": "error"},
-                     apply=record_applier(state, value_of, counts))
+                     apply=record_applier(state, value_of, counts), ingest=ingest)
     finally:
         if follower is not None:
             follower.stop()
     report = BackfillReport(group=group, records=counts["records"], applied=counts["applied"],
                             seconds=rep.seconds, start=rep.start, end=rep.end, continued=continued,
-                            outputs=rep.outputs, snapshots=rep.snapshots)
+                            outputs=rep.outputs, snapshots=rep.snapshots, ingest=rep.ingest)
     # Members now or then: the positions may have moved while it ran.
     report.live_members = max(members, live_members(bootstrap, conf, group, wait_s))
     if not report.complete:

@@ -19,6 +19,10 @@ set):
 - produces every other record to ``<app_id>-repartition`` (created by the worker
   with the source's partition count) keyed by the field value, with the
   source's value, headers and timestamp;
+- reads the source through the native ingest path where the ``ingest`` setting allows it
+  (docs/runtime.md, "Ingest paths"): the records with their headers and timestamp types,
+  no confluent-kafka ``Message`` per record; each assigned partition split into its reader
+  before the assignment and released after the revocation, as the batch worker does;
 - commits its source offsets only once the produced records are delivered
   (at-least-once: after a crash a record can be produced twice, a duplicate the
   dedup Bloom drops), or, with ``exactly_once=true``, in the transaction that
@@ -109,6 +113,10 @@ class Repartitioner:
         self.session_timeout_ms = int(cfg.group.session_timeout_s * 1000)
         self.heartbeat_ms = int(cfg.group.heartbeat_interval_s * 1000)
         self.txn_timeout_ms = int(cfg.checkpointing.transaction_timeout_s * 1000)
+        self.ingest = cfg.group.ingest
+        self.native: Any = None  # its NativeReader (grudge_stream.runtime.native), None on today's path
+        self.cooperative = False
+        self._ingest_said = False
         self.codec = plan_.codec()
         self.stage_id = f"{plan_.operator_id}-repartition"
         self.liveness = Liveness(liveness.timeout_s if liveness is not None else 60.0)
@@ -159,11 +167,36 @@ class Repartitioner:
         self.producer = Producer(pconf)
         if self.exactly_once:
             self.producer.init_transactions(60)
+        from grudge_stream.runtime.native import cooperative, open_reader
+
+        self.cooperative = cooperative(conf)
         self.consumer = Consumer(conf)
-        self.consumer.subscribe([self.plan.source_topic])
+        self.native = open_reader(self.ingest, self.consumer, self.plan.source_topic, self.batch_size,
+                                  quiet=self._ingest_said, what="repartition stage ingest")
+        self._ingest_said = True  # said once per stage, not per rebuilt consumer
+        self.consumer.subscribe([self.plan.source_topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    # The batch worker's rebalance steps (grudge_stream.runtime.native.assign/unassign): each
+    # partition split into the native reader before it is assigned, released after it is
+    # revoked (or lost: confluent-kafka calls on_revoke then).
+
+    def _on_assign(self, consumer: Any, partitions: list) -> None:
+        from grudge_stream.runtime.native import assign
+
+        if consumer is self.consumer:
+            assign(consumer, self.native, partitions, self.cooperative)
+
+    def _on_revoke(self, consumer: Any, partitions: list) -> None:
+        from grudge_stream.runtime.native import unassign
+
+        if consumer is self.consumer:
+            unassign(consumer, self.native, partitions, self.cooperative)
 
     def _close(self) -> None:
         consumer, producer, self.consumer, self.producer = self.consumer, self.producer, None, None
+        native, self.native = self.native, None
+        if native is not None:
+            native.close()  # its handles go before the consumer they belong to
         if consumer is not None:
             try:
                 consumer.close()
@@ -187,13 +220,19 @@ class Repartitioner:
 
     def _loop(self, wait_s: float = 0.1):
         """The consume loop over the current consumer (grudge_stream.runtime.loop)."""
-        from grudge_stream.runtime.loop import MESSAGES, ConsumeLoop
+        from grudge_stream.runtime.loop import ConsumeLoop
 
         def on_error(err) -> None:
             log.warning("repartition consume error: %s", err)
 
         return ConsumeLoop(self.consumer, self.plan.source_topic, batch_size=self.batch_size, wait_s=wait_s,
-                           shape=MESSAGES, on_error=on_error, beat=self.liveness.beat)
+                           shape=self._shape(), on_error=on_error, beat=self.liveness.beat, native=self.native)
+
+    def _shape(self) -> str:
+        """Messages on today's path; the native path's headed columns (the same fields)."""
+        from grudge_stream.runtime.loop import HEADED, MESSAGES
+
+        return HEADED if self.native is not None else MESSAGES
 
     def run(self) -> None:
         log.info("repartition stage: %s -> %s keyed by %r (group %s, %s)", self.plan.source_topic,
@@ -257,13 +296,15 @@ class Repartitioner:
 
         if not batch.count:
             return 0
-        firsts = {p: msgs[0].offset() for p, msgs in batch.groups.items()}
-        nexts = {p: msgs[-1].offset() + 1 for p, msgs in batch.groups.items()}
-        good = [m for msgs in batch.groups.values() for m in msgs]
+        shape = self._shape()
+        firsts, nexts = {}, {}
+        for p in batch.groups:
+            offs = batch.offsets(p, shape)
+            firsts[p], nexts[p] = offs[0], offs[-1] + 1
         txn = Transaction(self.producer, self.consumer.consumer_group_metadata) if self.exactly_once else None
         if txn is not None:
             txn.begin()
-        forwarded, dead = self._produce(good)
+        forwarded, dead = self._produce(_rows(batch.groups, shape))
         if not self._delivered():
             return self._retry(firsts, "delivery failed")
         topic = self.plan.source_topic
@@ -285,31 +326,31 @@ class Repartitioner:
                 # operators' state absorbs), nothing is lost.
                 self._count("errors", "commit")
                 log.warning("repartition commit failed (%s); the next owner re-sends those records", exc)
-        self.counters["records"] += len(good)
+        self.counters["records"] += batch.count
         self.counters["forwarded"] += forwarded
         self.counters["dead_letters"] += dead
         if self._metrics is not None:
             self._metrics.records(forwarded, dead)
-        return len(good)
+        return batch.count
 
-    def _produce(self, msgs: list) -> tuple[int, int]:
+    def _produce(self, rows: Any) -> tuple[int, int]:
+        """Produce each ``(partition, offset, timestamp type, timestamp, key, value, headers)``
+        re-keyed, or its dead letter."""
         produce = self.producer.produce
         poll = self.producer.poll
         codec, topic, dlq = self.codec, self.plan.topic, self.plan.dead_letter_topic
         forwarded = dead = 0
         self._failed = []
         on_delivery = self._on_delivery
-        for m in msgs:
-            ts_type, ts = m.timestamp()
-            key, value = m.key(), m.value()
+        for p, offset, ts_type, ts, key, value, headers in rows:
             try:
                 new_key = extract_key(codec, key, value, ts)
             except BadRecord as exc:
-                dl = self._dead_letter(m, str(exc))
+                dl = self._dead_letter(p, offset, ts, key, value, str(exc))
                 out = (dlq, dl.key, dl.value, None, None)
                 dead += 1
             else:
-                out = (topic, new_key, value, m.headers(), ts if ts_type != 0 else None)
+                out = (topic, new_key, value, headers, ts if ts_type != 0 else None)
                 forwarded += 1
             kw = {"headers": out[3]} if out[3] else {}
             if out[4] is not None:
@@ -323,14 +364,14 @@ class Repartitioner:
                     self.liveness.beat()
         return forwarded, dead
 
-    def _dead_letter(self, m: Any, reason: str):
+    def _dead_letter(self, partition: int, offset: int, ts: int, key: bytes | None, value: bytes | None,
+                     reason: str):
         # Named "<operator_id>-repartition": its output ids (source partition and offset) then
         # never collide with the operators' dead letters (repartition topic coordinates).
         return dead_letter_record(self.stage_id, reason,
-                                  {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(),
-                                   "timestamp_ms": m.timestamp()[1]},
-                                  m.key(), m.value(), DEFAULT_DEAD_LETTER_LIMIT,
-                                  extra={"stage": "repartition"})
+                                  {"topic": self.plan.source_topic, "partition": partition, "offset": offset,
+                                   "timestamp_ms": ts},
+                                  key, value, DEFAULT_DEAD_LETTER_LIMIT, extra={"stage": "repartition"})
 
     def _on_delivery(self, err, msg) -> None:
         if err is not None:
@@ -385,6 +426,23 @@ class Repartitioner:
             self._metrics.error(kind)
 
 
+def _rows(groups: dict, shape: str):
+    """A batch's records, partition by partition in offset order, as ``(partition, offset,
+    timestamp type, timestamp, key, value, headers)``: from confluent-kafka messages (today's
+    path) or from the native path's headed columns."""
+    from grudge_stream.runtime.loop import MESSAGES
+
+    if shape == MESSAGES:
+        for msgs in groups.values():
+            for m in msgs:
+                ts_type, ts = m.timestamp()
+                yield m.partition(), m.offset(), ts_type, ts, m.key(), m.value(), m.headers()
+    else:
+        for p, (offs, tss, keys, vals, hdrs, types) in groups.items():
+            for o, tt, ts, k, v, h in zip(offs, types, tss, keys, vals, hdrs):
+                yield p, o, tt, ts, k, v, h
+
+
 class _StageMetrics:
     """The stage's series on the worker's registry (``grudge_repartition_*``)."""
 
@@ -431,5 +489,11 @@ def start_stage(topology: Any, settings: Any, *, metrics: Any = None, liveness: 
         return None
     cfg = settings if isinstance(settings, Sections) else sections(settings)  # or a Settings
     ensure_repartition_topic(plan_, cfg.kafka.bootstrap_servers, client_config=client_config, create=False)
+    if cfg.group.ingest == "native":  # refused here, once, not by the stage's thread at each rebuild
+        from grudge_stream.runtime.native import unavailable
+
+        why = unavailable()
+        if why is not None:
+            raise ConfigError(f"ingest=native: the repartition stage's native ingest path cannot run: {why}")
     stage = Repartitioner(plan_, cfg, metrics=metrics, liveness=liveness, client_config=client_config)
     return stage.start()

@@ -295,9 +295,10 @@ COMMON: list[Setting] = [
       choices=("batch", "agent")),
     S("batch_size", "int", 2000, "records per batch", "records", min=1),
     S("batch_within_s", "float", 0.05, "Faust drain=agent: batching window", "s", min=0, min_inclusive=False),
-    S("ingest", "choice", "auto", "batch runtime: how records are read: native (librdkafka's C API through "
-      "confluent-kafka's consumer, no Message object per record), python (confluent-kafka messages), auto "
-      "(native where it loads, else python with one info line); docs/runtime.md", choices=("auto", "native", "python")),
+    S("ingest", "choice", "auto", "batch runtime, replay, backfill and the repartition stage: how records are "
+      "read: native (librdkafka's C API through confluent-kafka's consumer, no Message object per record), python "
+      "(confluent-kafka messages), auto (native where it loads, else python with one info line); docs/runtime.md",
+      choices=("auto", "native", "python")),
     S("batch_max_wait_ms", "int", 10, "batch runtime: longest wait for a batch to fill", "ms", min=1),
     S("fetch_max_wait_ms", "int", 100, "Faust runtime: aiokafka fetch wait", "ms", min=1),
     S("commit_interval_s", "float", 0.5, "how often source offsets are committed (batch runtime: once the "

@@ -36,14 +36,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.output == "topology":
             _check_targets_exist({**topology.outputs, **overrides}, conf)
             sink = make_sink(topology, settings.bootstrap_servers, args.output, overrides, client_config=conf)
+        from grudge_stream.sections import Group
+
         report = replay(topology, settings.bootstrap_servers, start=start,
                         end=end, sink=sink, write_snapshots=args.write_snapshots,
-                        from_snapshot=args.from_snapshot, progress=not args.quiet, client_config=conf)
+                        from_snapshot=args.from_snapshot, progress=not args.quiet, client_config=conf,
+                        ingest=Group.of(settings).ingest)  # the worker's setting, read as the worker reads it
     except GrudgeError as exc:
         print(f"grudge-stream replay: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({"records": report.records, "seconds": round(report.seconds, 3),
-                      "rate": round(report.rate), "outputs": report.outputs,
+                      "rate": round(report.rate), "ingest": report.ingest, "outputs": report.outputs,
                       "snapshots": report.snapshots, "start": report.start, "end": report.end}),
           file=sys.stderr if args.output in ("-", "stdout") else sys.stdout)
     undelivered = getattr(sink, "dead_lettered", None)

@@ -418,6 +418,26 @@ def group_by_partition(msgs: list) -> tuple[dict[int, list], list]:
     return out, errors
 
 
+def group_headed_columns(msgs: list) -> tuple[dict[int, tuple], list]:
+    """Consumed confluent-kafka messages -> ({partition: (offsets, timestamps, keys, values,
+    headers, timestamp types)}, errors): the shape the native ingest path gives a stage that
+    forwards records (``grudge_stream.runtime.loop.HEADED``)."""
+    groups, errors = group_by_partition(msgs)
+    out: dict[int, tuple] = {}
+    for p, chunk in groups.items():
+        offs, tss, keys, vals, hdrs, types = [], [], [], [], [], []
+        for m in chunk:
+            t, ts = m.timestamp()
+            offs.append(m.offset())
+            tss.append(ts)
+            keys.append(m.key())
+            vals.append(m.value())
+            hdrs.append(m.headers())
+            types.append(t)
+        out[p] = (offs, tss, keys, vals, hdrs, types)
+    return out, errors
+
+
 def group_source_records(topic: str, msgs: list) -> tuple[dict[int, list[SourceRecord]], list]:
     """Consumed confluent-kafka messages -> ({partition: [SourceRecord with headers]}, errors): the
     record path of operators that declare ``needs_headers`` (``group_messages`` gives the

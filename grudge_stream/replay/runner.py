@@ -1,8 +1,9 @@
 """`grudge-stream replay`: run a topology's operators over a range of its source topic.
 
-Reads with confluent-kafka's batched ``consume()`` (a throw-away consumer
-group, manual assignment, no commits: the live group's offsets are never
-touched), runs the same operators the live worker runs, on event time, and
+Reads with confluent-kafka's batched ``consume()`` or, with ``ingest`` native or auto
+where it loads, through the native ingest path (``grudge_stream.runtime.native``: the
+same records, no ``Message`` object per record) — a throw-away consumer group, manual
+assignment, no commits: the live group's offsets are never touched — and runs the same operators the live worker runs, on event time, and
 sends their outputs to the topology's topics, to topics given on the command
 line, or to JSONL for a dry run. With ``--write-snapshots`` it writes, at the
 end offsets, snapshots that a live worker adopts on its next assignment
@@ -37,6 +38,7 @@ from grudge_stream.operators.records import OutputRecord, group_source_records  
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.replay.ranges import Position, resolve, topic_partitions
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
+from grudge_stream.runtime.native import assign, open_reader, unassign
 from grudge_stream.topology import Topology
 
 log = logging.getLogger("grudge_stream.replay")
@@ -75,6 +77,7 @@ class ReplayReport:
     end: dict[int, int] = field(default_factory=dict)
     outputs: dict[str, int] = field(default_factory=dict)
     snapshots: dict[int, int] = field(default_factory=dict)  # partition -> generation
+    ingest: str = "python"  # how the records were read: native or python
 
     @property
     def rate(self) -> float:
@@ -117,7 +120,8 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
            batch_size: int = 2000, progress: bool = True, progress_stream: IO[str] | None = None,
            consumer_config: dict | None = None, client_config: dict | None = None,
            ends: Mapping[int, int] | None = None,
-           apply: Callable[[Any, list, list, list, list], list[OutputRecord]] | None = None) -> ReplayReport:
+           apply: Callable[[Any, list, list, list, list], list[OutputRecord]] | None = None,
+           ingest: str = "auto") -> ReplayReport:
     """Replay ``[start, end)`` of the topology's source topic through its operators.
 
     ``client_config``: security and pass-through properties of every client it makes
@@ -127,7 +131,9 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
     partition's records are handed to instead of ``process_columns`` (embedded state,
     grudge_stream.backfill: the user's code turns payloads into the state's values), its
     outputs returned; the operator's ``next_offset`` is then moved past the records, as a
-    snapshot of the live state covers the records its agents saw without applying them."""
+    snapshot of the live state covers the records its agents saw without applying them.
+    ``ingest``: how records are read, as the worker's setting (auto, native, python;
+    docs/runtime.md "Ingest paths"); the outputs and snapshots are the same either way."""
     topic = topology.source_topic
     if write_snapshots and not (from_snapshot or start.kind == "earliest"):
         raise ConfigError(
@@ -148,7 +154,11 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
     })
     report = ReplayReport()
     t0 = time.monotonic()
+    reader = None
     try:
+        # (ingest=native where it cannot run: ConfigError, before anything is read)
+        reader = open_reader(ingest, consumer, topic, batch_size, quiet=not progress, what="replay ingest")
+        report.ingest = "native" if reader is not None else "python"
         partitions = topic_partitions(consumer, topic)
         starts = resolve(consumer, topic, partitions, start)
         ends_given = ends
@@ -180,8 +190,8 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
         done_pp = {p: 0 for p in partitions}
         prog = Progress(total, progress_stream) if progress else None
         shape = RECORDS if topology.needs_headers else COLUMNS
-        if todo:
-            consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(todo)])
+        if todo:  # split into the native reader first (grudge_stream.runtime.native.assign)
+            assign(consumer, reader, [TopicPartition(topic, p, starts[p]) for p in sorted(todo)], incremental=False)
 
         def on_error(err) -> None:
             if err.code() == KafkaError._AUTO_OFFSET_RESET:  # consumer_config auto.offset.reset=error
@@ -217,12 +227,12 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
                     done_pp[p] = offs[cut - 1] + 1 - starts[p]
                 if cut < len(offs) or (cut and offs[cut - 1] + 1 >= ends[p]):
                     todo.discard(p)
-                    consumer.incremental_unassign([TopicPartition(topic, p)])
+                    unassign(consumer, reader, [TopicPartition(topic, p)], incremental=True)
             if prog and batch.count:
                 prog.update(report.records, {p: (done_pp[p], ends[p] - starts[p]) for p in partitions})
 
         ConsumeLoop(consumer, topic, batch_size=batch_size, wait_s=1.0, shape=shape,
-                    on_error=on_error).run(step, until=lambda: not todo)
+                    on_error=on_error, native=reader).run(step, until=lambda: not todo)
         if prog:
             prog.update(report.records, {p: (done_pp[p], ends[p] - starts[p]) for p in partitions}, force=True)
         if sink is not None:
@@ -242,6 +252,8 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
             store.close()
         report.operators = operators  # type: ignore[attr-defined]
     finally:
+        if reader is not None:
+            reader.close()  # its handles go before the consumer they belong to
         consumer.close()
     report.seconds = time.monotonic() - t0
     return report

@@ -62,7 +62,7 @@ from grudge_stream.runtime.batch_renewal import (  # noqa: F401 - the renewal li
 )
 from grudge_stream.runtime.core import Transaction, TransactionStuck, WorkerCore
 from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, ConsumeLoop
-from grudge_stream.runtime.native import open_reader
+from grudge_stream.runtime.native import assign, cooperative, open_reader, unassign
 from grudge_stream.sections import Checkpointing, Group
 from grudge_stream.topology import Settings, Topology
 from grudge_stream.webauth import server_tls
@@ -125,7 +125,7 @@ class BatchWorker(BatchCommits, ClientRenewal):
             conf["group.instance.id"] = self.core.instance_id
         # partition.assignment.strategy=cooperative-sticky (a pass-through property): incremental
         # rebalances, where the partitions that stay keep flowing while others move.
-        self.cooperative = "cooperative-sticky" in str(conf.get("partition.assignment.strategy", ""))
+        self.cooperative = cooperative(conf)
         self._consumer_conf = conf
         self.consumer = Consumer(conf)
         self._consumer_renewals: list[float] = []
@@ -168,12 +168,9 @@ class BatchWorker(BatchCommits, ClientRenewal):
         for tp in partitions:
             if tp.topic == self.topic:
                 tp.offset = self._restore_slot(tp.partition, committed.get(tp.partition))
-        if self.native is not None:  # before the assignment: their records then stay off the consumer queue
-            self.native.split(ours)
-        if self.cooperative:
-            consumer.incremental_assign(partitions)  # added to what it already holds
-        else:
-            consumer.assign(partitions)
+        # Split into the native reader before the assignment (their records then stay off the
+        # consumer queue); cooperative: added to what it already holds.
+        assign(consumer, self.native, partitions, self.cooperative)
         self.core.record_assignment()
 
     def _restore_slot(self, partition: int, committed: int | None) -> int:
@@ -218,12 +215,7 @@ class BatchWorker(BatchCommits, ClientRenewal):
         self.core.release(revoked)
         for p in revoked:
             self.committed.pop(p, None)
-        if self.cooperative:
-            consumer.incremental_unassign(partitions)
-        else:
-            consumer.unassign()
-        if self.native is not None:
-            self.native.release(revoked)
+        unassign(consumer, self.native, partitions, self.cooperative)  # then released from the native reader
         self.core.record_assignment()
 
     # -- main loop -------------------------------------------------------------------------------
@@ -300,8 +292,9 @@ class BatchWorker(BatchCommits, ClientRenewal):
     def _open_native(self) -> None:
         """The native reader of ``self.consumer`` as the ``ingest`` setting asks (None: today's
         path); said once per worker, not per renewed consumer."""
-        self.native = open_reader(self.ingest, self.consumer, self.topic, self.batch_size,
-                                  columns=not self.core.needs_headers, quiet=self._ingest_said)
+        # Operators that read headers (needs_headers) take records: the reader builds them from
+        # its headed columns (the headers and timestamp types read through librdkafka too).
+        self.native = open_reader(self.ingest, self.consumer, self.topic, self.batch_size, quiet=self._ingest_said)
         self._ingest_said = True
         self.core.metrics.ingest_native.set(1 if self.native is not None else 0)
 

@@ -20,9 +20,9 @@ from typing import Any, Callable
 from confluent_kafka import KafkaError
 
 from grudge_stream._cyext._ingest import group_messages
-from grudge_stream.operators.records import group_by_partition, group_source_records
+from grudge_stream.operators.records import group_by_partition, group_headed_columns, group_source_records
 
-__all__ = ["Batch", "ConsumeLoop", "COLUMNS", "RECORDS", "MESSAGES"]
+__all__ = ["Batch", "ConsumeLoop", "COLUMNS", "RECORDS", "MESSAGES", "HEADED", "group_as"]
 
 log = logging.getLogger("grudge_stream.runtime")
 
@@ -30,7 +30,10 @@ log = logging.getLogger("grudge_stream.runtime")
 COLUMNS = "columns"    # (offsets, timestamps, keys, values): what operators read fastest
 RECORDS = "records"    # [SourceRecord] with headers: operators that declare needs_headers
 MESSAGES = "messages"  # [confluent_kafka.Message]: stages that forward records as they are
-SHAPES = (COLUMNS, RECORDS, MESSAGES)
+# (offsets, timestamps, keys, values, headers, timestamp types): stages that forward records,
+# on the native ingest path too (headers: None for a record without any)
+HEADED = "headed"
+SHAPES = (COLUMNS, RECORDS, MESSAGES, HEADED)
 
 
 class Batch:
@@ -46,11 +49,22 @@ class Batch:
     def offsets(self, partition: int, shape: str) -> list[int]:
         """The offsets of one partition's records."""
         chunk = self.groups[partition]
-        if shape == COLUMNS:
+        if shape == COLUMNS or shape == HEADED:
             return chunk[0]
         if shape == RECORDS:
             return [r.offset for r in chunk]
         return [m.offset() for m in chunk]
+
+
+def group_as(shape: str, topic: str, msgs: list) -> tuple[dict[int, Any], list]:
+    """Consumed confluent-kafka messages -> ({partition: its records in ``shape``}, errors)."""
+    if shape == COLUMNS:
+        return group_messages(msgs)
+    if shape == RECORDS:
+        return group_source_records(topic, msgs)
+    if shape == HEADED:
+        return group_headed_columns(msgs)
+    return group_by_partition(msgs)
 
 
 def _log_error(err: KafkaError) -> None:
@@ -72,8 +86,9 @@ class ConsumeLoop:
     shape: str = COLUMNS
     on_error: Callable[[KafkaError], None] = _log_error
     beat: Callable[[], None] | None = None
-    # The batch worker's native ingest (grudge_stream.runtime.native.NativeReader): its ``read``
-    # serves the consumer's callbacks and takes the records as columns, no Message per record.
+    # The native ingest (grudge_stream.runtime.native.NativeReader): its ``read`` serves the
+    # consumer's callbacks and takes the records in the loop's shape (not MESSAGES), no
+    # Message per record.
     native: Any = None
 
     def __post_init__(self) -> None:
@@ -81,6 +96,8 @@ class ConsumeLoop:
             raise ValueError(f"shape must be one of {SHAPES}, not {self.shape!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        if self.native is not None and self.shape == MESSAGES:
+            raise ValueError("the native ingest path gives no confluent-kafka messages: read HEADED")
 
     def read(self) -> Batch:
         """One consume call: the records it brought, by partition (maybe none)."""
@@ -90,12 +107,7 @@ class ConsumeLoop:
         msgs = self.consumer.consume(self.batch_size, timeout=self.wait_s)
         if not msgs:
             return Batch({}, 0, started)
-        if self.shape == COLUMNS:
-            groups, errors = group_messages(msgs)
-        elif self.shape == RECORDS:
-            groups, errors = group_source_records(self.topic, msgs)
-        else:
-            groups, errors = group_by_partition(msgs)
+        groups, errors = group_as(self.shape, self.topic, msgs)
         for m in errors:
             err = m.error()
             if err.code() != KafkaError._PARTITION_EOF:

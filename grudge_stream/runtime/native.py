@@ -1,4 +1,5 @@
-"""The batch worker's native ingest path (setting ``ingest``, docs/runtime.md "Ingest paths").
+"""The native ingest path (setting ``ingest``, docs/runtime.md "Ingest paths") of the batch
+worker, ``grudge-stream replay`` / ``backfill`` and the repartition stage.
 
 confluent-kafka builds a Python ``Message`` per record, then ``group_messages`` takes it apart
 into columns. The native path reads the records of the worker's assigned partitions through
@@ -34,7 +35,8 @@ from confluent_kafka import KafkaError
 
 from grudge_stream.exceptions import ConfigError
 
-__all__ = ["INGEST_PATHS", "NativeReader", "unavailable", "librdkafka_path", "open_reader"]
+__all__ = ["INGEST_PATHS", "NativeReader", "unavailable", "librdkafka_path", "open_reader", "assign", "unassign",
+           "cooperative"]
 
 log = logging.getLogger("grudge_stream.runtime")
 
@@ -97,12 +99,16 @@ def _check() -> str | None:
 
 class NativeReader:
     """A consumer's records through the native fetcher, one batch per ``read``: the
-    ``ConsumeLoop`` hook (``ConsumeLoop.native``)."""
+    ``ConsumeLoop`` hook (``ConsumeLoop.native``). The loop's shape says what it takes:
+    ``COLUMNS``; ``HEADED`` (the columns, each record's headers and timestamp type: stages
+    that forward records, the repartition stage); ``RECORDS`` (``SourceRecord`` with headers:
+    operators that declare ``needs_headers``)."""
 
     def __init__(self, consumer: Any, topic: str, batch_size: int) -> None:
         from grudge_stream._cyext._native import PARTITION_EOF, PartitionFetch
 
         self.consumer = consumer
+        self.topic = topic
         self._eof = PARTITION_EOF
         self.fetch = PartitionFetch(consumer, topic, batch_size)
 
@@ -126,10 +132,10 @@ class NativeReader:
     # -- one loop turn ------------------------------------------------------------------------------
 
     def read(self, loop: Any) -> Any:
-        from grudge_stream._cyext._ingest import group_messages
-        from grudge_stream.runtime.loop import Batch
+        from grudge_stream.runtime.loop import COLUMNS, RECORDS, Batch, group_as
 
         started = time.perf_counter()
+        shape = loop.shape
         # The consumer queue: rebalance callbacks run here (split/release included), errors
         # come back as messages. A record can come too only if a partition's queue was not
         # split before its assignment; it is processed all the same, ahead of the fetcher's.
@@ -137,7 +143,7 @@ class NativeReader:
         groups: dict[int, Any] = {}
         count = 0
         if msgs:
-            groups, errors = group_messages(msgs)
+            groups, errors = group_as(shape, loop.topic, msgs)
             for m in errors:
                 err = m.error()
                 if err.code() != KafkaError._PARTITION_EOF:
@@ -145,16 +151,20 @@ class NativeReader:
             count = len(msgs) - len(errors)
         want = loop.batch_size - count
         if want > 0 and not self.fetch.closed:
-            more, errs, n = self.fetch.fetch(want, 0 if count else int(loop.wait_s * 1000))
+            more, errs, n = self.fetch.fetch(want, 0 if count else int(loop.wait_s * 1000), shape != COLUMNS)
             for p, code, text in errs:
                 if code != self._eof:
                     loop.on_error(KafkaError(code, f"{loop.topic}[{p}]: {text}"))
             if n:
+                if shape == RECORDS:
+                    more = {p: source_records(loop.topic, p, cols) for p, cols in more.items()}
                 if groups:
                     for p, cols in more.items():
                         have = groups.get(p)
                         if have is None:
                             groups[p] = cols
+                        elif shape == RECORDS:
+                            have.extend(cols)
                         else:
                             for a, b in zip(have, cols):
                                 a.extend(b)
@@ -164,21 +174,62 @@ class NativeReader:
         return Batch(groups, count, started)
 
 
-def open_reader(choice: str, consumer: Any, topic: str, batch_size: int, columns: bool,
-                quiet: bool = False) -> NativeReader | None:
+def source_records(topic: str, partition: int, cols: tuple) -> list:
+    """One partition's headed columns as ``SourceRecord``s (the record path's shape)."""
+    from grudge_stream.operators.records import SourceRecord
+
+    offs, tss, keys, vals, hdrs, _ = cols
+    return [SourceRecord(topic, partition, o, t, k, v, h or None) for o, t, k, v, h in zip(offs, tss, keys, vals, hdrs)]
+
+
+# -- the rebalance steps of a consumer that reads through a NativeReader (None: today's path) ------
+
+def cooperative(conf: dict) -> bool:
+    """A consumer configuration with incremental (cooperative-sticky) rebalances."""
+    return "cooperative-sticky" in str(conf.get("partition.assignment.strategy", ""))
+
+
+def assign(consumer: Any, reader: NativeReader | None, partitions: list, incremental: bool) -> None:
+    """Assign ``partitions`` (TopicPartitions, offsets set or not), their fetch queues split
+    into ``reader`` first: their records then stay off the consumer queue. ``incremental``:
+    added to what the consumer holds (cooperative rebalances, a replay's partitions)."""
+    if reader is not None:
+        reader.split([tp.partition for tp in partitions if tp.topic == reader.topic])
+    if incremental:
+        consumer.incremental_assign(partitions)
+    else:
+        consumer.assign(partitions)
+
+
+def unassign(consumer: Any, reader: NativeReader | None, partitions: list, incremental: bool) -> None:
+    """Unassign ``partitions`` (all of them unless ``incremental``), then release their queue
+    handles from ``reader``."""
+    if incremental:
+        consumer.incremental_unassign(partitions)
+    else:
+        consumer.unassign()
+    if reader is not None:
+        reader.release([tp.partition for tp in partitions if tp.topic == reader.topic])
+
+
+def open_reader(choice: str, consumer: Any, topic: str, batch_size: int, columns: bool = True,
+                quiet: bool = False, what: str = "ingest") -> NativeReader | None:
     """The native reader for ``consumer`` as the ``ingest`` setting ``choice`` asks, or None
-    (today's path). ``columns``: the loop reads columns (operators that need headers read
-    records, on today's path). ``native`` where it cannot run raises ``ConfigError``."""
+    (today's path). ``columns``: false keeps the reader on today's path (a reader that takes
+    confluent-kafka messages). ``native`` where it cannot run raises ``ConfigError``. The
+    one line said (unless ``quiet``) starts with ``what``."""
     if choice not in INGEST_PATHS:
         raise ConfigError(f"ingest must be one of {', '.join(INGEST_PATHS)}, not {choice!r}")
     if choice == "python":
         return None
-    why = unavailable() if columns else "the topology's operators read record headers"
+    why = unavailable() if columns else "its reader takes confluent-kafka messages"
+    if why is None and not _is_consumer(consumer):
+        why = f"not a confluent-kafka Consumer ({type(consumer).__name__})"
     if why is not None:
         if choice == "native":
             raise ConfigError(f"ingest=native: the native ingest path cannot run: {why}")
         if not quiet:
-            log.info("ingest: today's path (confluent-kafka messages): the native path cannot run: %s", why)
+            log.info("%s: today's path (confluent-kafka messages): the native path cannot run: %s", what, why)
         return None
     reader = NativeReader(consumer, topic, batch_size)
     name, kind = reader.identity()
@@ -187,11 +238,17 @@ def open_reader(choice: str, consumer: Any, topic: str, batch_size: int, columns
         why = f"the handle taken from the consumer is not a consumer's ({name!r}, type {kind})"
         if choice == "native":
             raise ConfigError(f"ingest=native: the native ingest path cannot run: {why}")
-        log.info("ingest: today's path (confluent-kafka messages): the native path cannot run: %s", why)
+        log.info("%s: today's path (confluent-kafka messages): the native path cannot run: %s", what, why)
         return None
     if not quiet:
-        log.info("ingest: native (librdkafka %s through confluent-kafka's consumer)", _libversion())
+        log.info("%s: native (librdkafka %s through confluent-kafka's consumer)", what, _libversion())
     return reader
+
+
+def _is_consumer(consumer: Any) -> bool:
+    from confluent_kafka import cimpl
+
+    return isinstance(consumer, cimpl.Consumer)
 
 
 def _libversion() -> str:

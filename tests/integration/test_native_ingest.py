@@ -121,3 +121,71 @@ def test_a_fetcher_closed_before_its_consumer_touches_nothing_after(kafka_bootst
     c.unassign()
     c.close()
     r.close()
+
+
+@pytest.mark.parametrize("log_append", [False, True], ids=["create-time", "log-append-time"])
+def test_the_headers_mode_gives_each_records_headers_and_timestamp_type(kafka_bootstrap, log_append) -> None:
+    """fetch(..., headers=True): per partition, the four columns plus each record's headers as
+    confluent-kafka's Message.headers() gives them (None without any; a header's None value
+    kept) and its timestamp type, as Message.timestamp()[0]."""
+    topic = f"native-h-{uuid.uuid4().hex[:8]}"
+    config = {"message.timestamp.type": "LogAppendTime"} if log_append else {}
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1, config=config)])[topic].result(30)
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    t0 = int(time.time() * 1000) - 60_000
+    headers = [
+        [("trace", b"abc"), ("none", None), ("empty", b""), ("trace", b"again")],
+        None,
+        [("naïve", b"\x00\xff")],
+    ]
+    for i in range(300):
+        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2, timestamp=t0 + i,
+                  headers=headers[i % 3])
+    assert p.flush(30) == 0
+    # What confluent-kafka's messages say of the same records.
+    c = _consumer(kafka_bootstrap, **{"enable.partition.eof": False})
+    c.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+    want: dict[int, list] = {0: [], 1: []}
+    end = time.monotonic() + 30
+    while sum(map(len, want.values())) < 300 and time.monotonic() < end:
+        for m in c.consume(300, timeout=0.5):
+            assert m.error() is None
+            want[m.partition()].append((m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers(),
+                                        m.timestamp()[0]))
+    c.close()
+    c = _consumer(kafka_bootstrap, **{"enable.partition.eof": False})
+    r = native.NativeReader(c, topic, 500)
+    r.split([0, 1])
+    c.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+    got: dict[int, list] = {0: [], 1: []}
+    end = time.monotonic() + 30
+    while sum(map(len, got.values())) < 300 and time.monotonic() < end:
+        assert not [m for m in c.consume(100, timeout=0) if m.error() is None]
+        groups, errors, count = r.fetch.fetch(500, 100, headers=True)
+        assert errors == []
+        for part, cols in groups.items():
+            assert len(cols) == 6 and count >= len(cols[0])
+            got[part].extend(zip(*cols))
+    r.close()
+    c.close()
+    assert got == want
+    rows = got[0] + got[1]
+    assert {h is None for *_, h, _ in rows} == {True, False}
+    assert any(h and ("none", None) in h for *_, h, _ in rows)
+    assert {tt for *_, tt in rows} == {2 if log_append else 1}
+    # The plain mode of the same kernel: four columns, no headers.
+    c = _consumer(kafka_bootstrap, **{"enable.partition.eof": False})
+    r = native.NativeReader(c, topic, 500)
+    r.split([0])
+    c.assign([TopicPartition(topic, 0, 0)])
+    end = time.monotonic() + 30
+    plain: list = []
+    while len(plain) < 150 and time.monotonic() < end:
+        groups, _, _ = r.fetch.fetch(500, 100)
+        for cols in groups.values():
+            assert len(cols) == 4
+            plain.extend(zip(*cols))
+    r.close()
+    c.close()
+    assert plain == [row[:4] for row in want[0]]

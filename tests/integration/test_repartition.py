@@ -66,6 +66,8 @@ class Env:
             ident = f"id-{i}"
             value = json.dumps({"id": ident, "copy": copy}).encode()
             headers = [("trace", f"{ident}/{copy}".encode()), ("origin", b"test")]
+            if copy == 1:
+                headers.append(("none", None))  # a header without a value: kept as it is
             ts = start_ms + copy * 1000 + n
             out.append((secrets.token_bytes(8), value, headers, ts))
             self.sent[ident].append((value, headers, ts))
@@ -170,9 +172,12 @@ def _check_forwarded(e: Env, out: list) -> None:
         assert m.timestamp()[0] == 1  # CreateTime: the producer's, kept through both hops
 
 
-@pytest.mark.parametrize("runtime,drain", [("batch", "batch"), ("faust", "batch"), ("faust", "agent")])
-def test_dedup_by_field_forwards_each_id_once_with_headers(env, runtime, drain) -> None:
-    e = env(drain=drain)
+# ingest (grudge_stream.runtime.native): how the repartition stage, and the batch worker's
+# operators, read their source.
+@pytest.mark.parametrize("runtime,drain,ingest", [("batch", "batch", "python"), ("batch", "batch", "native"),
+                                                  ("faust", "batch", "native"), ("faust", "agent", "python")])
+def test_dedup_by_field_forwards_each_id_once_with_headers(env, runtime, drain, ingest) -> None:
+    e = env(drain=drain, ingest=ingest)
     start = _start_ms()
     records = [r for copy in range(COPIES) for r in e.records(range(IDS), copy, start)]
     # Not JSON, and JSON without the field: the stage dead-letters both.
@@ -183,6 +188,9 @@ def test_dedup_by_field_forwards_each_id_once_with_headers(env, runtime, drain) 
     # The repartition topic: every copy, keyed by the id, each id in one partition.
     rp = e.read(e.plan.topic)
     assert len(rp) == IDS * COPIES
+    # Each copy whole: its value, headers and timestamp (CreateTime) as sent, under the id.
+    assert sorted((m.key().decode(), m.value(), m.headers(), m.timestamp()) for m in rp) == \
+        sorted((ident, v, h, (1, ts)) for ident, rows in e.sent.items() for v, h, ts in rows)
     where = defaultdict(set)
     for m in rp:
         where[m.key()].add(m.partition())
@@ -203,25 +211,35 @@ def test_dedup_by_field_forwards_each_id_once_with_headers(env, runtime, drain) 
     assert fwd and float(fwd[0].split()[-1]) == IDS * COPIES, fwd
     lag = [float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("grudge_repartition_lag_records")]
     assert len(lag) == PARTITIONS and set(lag) == {0.0}, lag
+    # Which path the stage reads on: its start-up line (ingest=python says nothing).
+    said = "\n".join(path.read_text(errors="replace") for _, path in e.procs)
+    assert ("repartition stage ingest: native" in said) == (ingest == "native"), said[-3000:]
     if runtime == "batch":
-        # replay reads the repartition topic: the records the operators consumed.
-        cmd = [sys.executable, "-m", "grudge_stream.cli", "replay", "dedup", "--bootstrap-servers", e.bootstrap,
-               "--output", "stdout", "--quiet"]
-        for k, v in e.overrides.items():
-            cmd += ["--set", f"{k}={v}"]
-        env_ = {k: v for k, v in os.environ.items() if not k.startswith("GRUDGE_")}
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env_, cwd=str(e.tmp_path))
-        assert r.returncode == 0, r.stderr
-        lines = [json.loads(x) for x in r.stdout.splitlines()]
-        assert sorted(x["key"] for x in lines if x["role"] == "forward") == sorted(e.sent)
-        assert json.loads(r.stderr.strip().splitlines()[-1])["records"] == IDS * COPIES
+        # replay reads the repartition topic: the records the operators consumed (records with
+        # headers: on the native path they are built from its headed columns), on both paths.
+        outs = {}
+        for path in ("python", "native"):
+            cmd = [sys.executable, "-m", "grudge_stream.cli", "replay", "dedup", "--bootstrap-servers", e.bootstrap,
+                   "--output", "stdout", "--quiet"]
+            for k, v in {**e.overrides, "ingest": path}.items():
+                cmd += ["--set", f"{k}={v}"]
+            env_ = {k: v for k, v in os.environ.items() if not k.startswith("GRUDGE_")}
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env_, cwd=str(e.tmp_path))
+            assert r.returncode == 0, r.stderr
+            lines = [json.loads(x) for x in r.stdout.splitlines()]
+            assert sorted(x["key"] for x in lines if x["role"] == "forward") == sorted(e.sent)
+            summary = json.loads(r.stderr.strip().splitlines()[-1])
+            assert summary["records"] == IDS * COPIES and summary["ingest"] == path
+            outs[path] = sorted(r.stdout.splitlines())  # (partitions interleave as their fetches come)
+        assert outs["python"] == outs["native"]
 
 
-@pytest.mark.parametrize("exactly_once", [True, False])
-def test_repartition_stage_survives_kill9(env, exactly_once) -> None:
+@pytest.mark.parametrize("exactly_once,ingest", [(True, "python"), (False, "python"), (True, "native")])
+def test_repartition_stage_survives_kill9(env, exactly_once, ingest) -> None:
     """A kill -9 mid-stream loses no record: every id is forwarded, exactly once with
     exactly_once=true (the stage's and the operators' transactions), at least once without."""
-    e = env(exactly_once=str(exactly_once).lower(), group_instance_id="rp-w0", transaction_timeout_s="10")
+    e = env(exactly_once=str(exactly_once).lower(), group_instance_id="rp-w0", transaction_timeout_s="10",
+            ingest=ingest)
     start = _start_ms()
     first = [r for copy in range(COPIES) for r in e.records(range(IDS // 2), copy, start)]
     rest = [r for copy in range(COPIES) for r in e.records(range(IDS // 2, IDS), copy, start)]

@@ -10,8 +10,13 @@ import pytest
 
 from grudge_stream.replay.ranges import Position
 from grudge_stream.replay.runner import JsonlSink, replay
+from grudge_stream.runtime import native
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+# replay on each ingest path (the setting ingest, grudge_stream.runtime.native)
+NATIVE = pytest.mark.skipif(native.unavailable() is not None, reason=f"native ingest: {native.unavailable()}")
+INGEST = [pytest.param("python", id="python-ingest"), pytest.param("native", id="native-ingest", marks=NATIVE)]
 
 
 def test_replay_reproduces_the_live_worker_snapshots_and_alert_ids(harness) -> None:
@@ -22,17 +27,23 @@ def test_replay_reproduces_the_live_worker_snapshots_and_alert_ids(harness) -> N
     assert w.stop() == 0
     live_alerts = h.alert_ids()
     assert live_alerts
-    out = io.StringIO()
-    report = replay(h.topology, h.bootstrap, start=Position("earliest"), end=Position("now"),
-                    sink=JsonlSink(out), progress=False)
-    assert report.records == 15_000
     store = h.store()
-    for p, op in report.operators.items():
-        live = store.restore(h.topology.operator_id, p)
-        assert live.blob == op.snapshot(), f"partition {p}: replay snapshot differs from the live one"
-    replayed = {json.loads(line)["value"]["alert_id"] for line in out.getvalue().splitlines()
-                if json.loads(line)["role"] == "alerts"}
-    assert replayed == live_alerts
+    outs, snaps = {}, {}
+    for ingest in ("python", "native") if native.unavailable() is None else ("python",):
+        out = io.StringIO()
+        report = replay(h.topology, h.bootstrap, start=Position("earliest"), end=Position("now"),
+                        sink=JsonlSink(out), progress=False, ingest=ingest)
+        assert report.records == 15_000 and report.ingest == ingest
+        for p, op in report.operators.items():
+            live = store.restore(h.topology.operator_id, p)
+            assert live.blob == op.snapshot(), f"partition {p}: replay snapshot ({ingest}) differs from the live one"
+        replayed = {json.loads(line)["value"]["alert_id"] for line in out.getvalue().splitlines()
+                    if json.loads(line)["role"] == "alerts"}
+        assert replayed == live_alerts
+        outs[ingest] = out.getvalue()
+        snaps[ingest] = {p: op.snapshot() for p, op in report.operators.items()}
+    # Both ingest paths: the same outputs, line for line, and the same snapshot bytes.
+    assert len(set(outs.values())) == 1 and all(s == snaps["python"] for s in snaps.values())
 
 
 def test_live_worker_adopts_a_replay_written_snapshot(harness) -> None:
@@ -54,7 +65,8 @@ def test_live_worker_adopts_a_replay_written_snapshot(harness) -> None:
         assert state[p] == ref[p]["sketch"]
 
 
-def test_from_and_to_by_timestamp_select_exactly_the_right_records(harness) -> None:
+@pytest.mark.parametrize("ingest", INGEST)
+def test_from_and_to_by_timestamp_select_exactly_the_right_records(harness, ingest) -> None:
     h = harness(partitions=3)
     events = h.make_events(9000, seed=23)
     h.produce(events)
@@ -66,12 +78,13 @@ def test_from_and_to_by_timestamp_select_exactly_the_right_records(harness) -> N
         if lo <= r.timestamp_ms < hi:
             want.setdefault(r.partition, []).append(r.offset)
     report = replay(h.topology, h.bootstrap, start=Position("time", lo), end=Position("time", hi),
-                    sink=None, progress=False)
+                    sink=None, progress=False, ingest=ingest)
+    assert report.ingest == ingest
     assert report.records == sum(len(v) for v in want.values())
     for p, offs in want.items():
         assert report.start[p] == min(offs) and report.end[p] == max(offs) + 1
     iso = replay(h.topology, h.bootstrap, start=Position("offset", 100), end=Position("now"), sink=None,
-                 progress=False)
+                 progress=False, ingest=ingest)
     assert iso.records == 9000 - 300
 
 

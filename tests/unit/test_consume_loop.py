@@ -102,3 +102,96 @@ def test_run_steps_every_read_empty_ones_too_and_beats_before_each_until_told():
 def test_bad_arguments_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         ConsumeLoop(Consumer([]), "in", **{"batch_size": 1, "wait_s": 0, **kw})
+
+
+def test_headed_columns_carry_headers_and_timestamp_types():
+    from grudge_stream.runtime.loop import HEADED
+
+    b = ConsumeLoop(Consumer([batch()]), "in", batch_size=10, wait_s=0, shape=HEADED, on_error=lambda e: None).read()
+    assert b.count == 3
+    assert b.groups == {0: ([10, 11], [5, 7], [b"a", b"c"], [b"1", b"3"], [None, None], [1, 1]),
+                        1: ([3], [6], [b"b"], [b"2"], [[("h", b"x")]], [1])}
+    assert b.offsets(0, HEADED) == [10, 11]
+
+
+class Fetch:
+    """The native kernel's fetcher, faked: hands out the columns it is given, once."""
+
+    closed = False
+
+    def __init__(self, groups, errors=()):
+        self.out = (groups, list(errors), sum(len(c[0]) for c in groups.values()))
+        self.calls = []
+
+    def fetch(self, n, timeout_ms, headers=False):
+        self.calls.append((n, timeout_ms, headers))
+        out, self.out = self.out, ({}, [], 0)
+        return out
+
+
+def _reader(consumer, fetch):
+    from grudge_stream.runtime import native
+
+    r = object.__new__(native.NativeReader)
+    r.consumer, r.fetch, r.topic, r._eof = consumer, fetch, "in", -191
+    return r
+
+
+def test_the_native_reader_gives_records_and_headed_columns_strays_first():
+    from grudge_stream.operators.records import SourceRecord
+    from grudge_stream.runtime.loop import HEADED
+
+    headed = {1: ([4, 5], [60, 70], [b"d", None], [b"4", b"5"], [[("t", None)], None], [1, 2])}
+    stray = [Msg(1, 3, b"b", b"2", headers=[("h", b"x")], ts=6)]
+    fetch = Fetch({p: tuple(list(c) for c in cols) for p, cols in headed.items()})
+    loop = ConsumeLoop(Consumer([stray]), "in", batch_size=10, wait_s=0.02, shape=RECORDS,
+                       native=_reader(Consumer([stray]), fetch))
+    b = loop.read()
+    assert fetch.calls == [(9, 0, True)]  # the rest of the batch, no wait: a record came already
+    assert b.count == 3
+    assert b.groups[1] == [SourceRecord("in", 1, 3, 6, b"b", b"2", [("h", b"x")]),
+                           SourceRecord("in", 1, 4, 60, b"d", b"4", [("t", None)]),
+                           SourceRecord("in", 1, 5, 70, None, b"5", None)]
+    fetch = Fetch({p: tuple(list(c) for c in cols) for p, cols in headed.items()})
+    loop = ConsumeLoop(None, "in", batch_size=10, wait_s=0.02, shape=HEADED, native=_reader(Consumer([]), fetch))
+    b = loop.read()
+    assert fetch.calls == [(10, 20, True)] and b.groups == headed and b.count == 2
+    fetch = Fetch({1: ([4], [60], [b"d"], [b"4"])})
+    loop = ConsumeLoop(None, "in", batch_size=10, wait_s=0, native=_reader(Consumer([]), fetch))
+    assert loop.read().groups == {1: ([4], [60], [b"d"], [b"4"])} and fetch.calls == [(10, 0, False)]
+
+
+def test_the_native_path_gives_no_messages():
+    with pytest.raises(ValueError, match="HEADED"):
+        ConsumeLoop(Consumer([]), "in", batch_size=10, wait_s=0, shape=MESSAGES, native=object())
+
+
+class Recorder:
+    """Records each method call, with its owner's name, in a log it shares."""
+
+    def __init__(self, name, log, topic=None):
+        self.name, self.log, self.topic = name, log, topic
+
+    def __getattr__(self, method):
+        return lambda *args: self.log.append((self.name, method, *args))
+
+
+def test_split_before_the_assignment_release_after_the_unassignment():
+    from confluent_kafka import TopicPartition
+
+    from grudge_stream.runtime import native
+
+    log: list = []
+    c, reader = Recorder("consumer", log), Recorder("reader", log, topic="in")
+    tps = [TopicPartition("in", 0, 5), TopicPartition("other", 1), TopicPartition("in", 2)]
+    native.assign(c, reader, tps, incremental=False)
+    native.unassign(c, reader, tps[:1], incremental=True)
+    native.assign(c, reader, tps[2:], incremental=True)
+    native.unassign(c, reader, tps, incremental=False)
+    assert log == [("reader", "split", [0, 2]), ("consumer", "assign", tps),
+                   ("consumer", "incremental_unassign", tps[:1]), ("reader", "release", [0]),
+                   ("reader", "split", [2]), ("consumer", "incremental_assign", tps[2:]),
+                   ("consumer", "unassign"), ("reader", "release", [0, 2])]
+    log.clear()
+    native.assign(c, None, tps[:1], incremental=False)  # today's path: only the assignment
+    assert log == [("consumer", "assign", tps[:1])]

@@ -284,3 +284,29 @@ def test_stage_producer_takes_murmur2_random_unless_a_pass_through_overrides_it(
         r._open()
         assert made[-1]["partitioner"] == want
         assert made[-1]["delivery.report.only.error"] is True and made[-1]["acks"] == "all"
+
+
+def test_stage_on_the_native_path_produces_what_it_produces_from_messages() -> None:
+    """The same batch as headed columns (the native ingest path's shape) and as messages: the
+    same records produced, dead letters, commits and counters."""
+    from grudge_stream.runtime.loop import Batch
+
+    msgs = [Msg(0, 10, b"r1", b'{"id":"a"}', [("h", b"1"), ("n", None)], ts=111), Msg(1, 3, b"r2", b"junk", ts=5),
+            Msg(0, 11, b"r3", b'{"id":"b"}', ts=222)]
+    c, p = FakeConsumer([msgs]), FakeProducer()
+    r = stage(c, p)
+    assert r.run_once() == 3
+    headed = {0: ([10, 11], [111, 222], [b"r1", b"r3"], [b'{"id":"a"}', b'{"id":"b"}'],
+                  [[("h", b"1"), ("n", None)], None], [1, 1]),
+              1: ([3], [5], [b"r2"], [b"junk"], [None], [1])}
+    c2, p2 = FakeConsumer([]), FakeProducer()
+    r2 = stage(c2, p2)
+    r2.native = object()  # a reader: the stage then reads headed columns
+    assert r2.handle(Batch(headed, 3, 0.0)) == 3
+    assert p2.sent == p.sent and c2.commits == c.commits == [{(0, 12), (1, 4)}]
+    assert r2.counters == r.counters
+    # The timestamp is set only where the source record has one (type not 0), as before.
+    r3 = stage(FakeConsumer([]), FakeProducer())
+    r3.native = object()
+    r3.handle(Batch({0: ([7], [50], [None], [b'{"id":"z"}'], [None], [0])}, 1, 0.0))
+    assert r3.producer.sent == [(r3.plan.topic, b"z", b'{"id":"z"}', None, None)]
