@@ -274,6 +274,9 @@ def main() -> None:
     ap.add_argument("--in-process-only", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a worker setting for both releases' workers (repeatable)")
+    ap.add_argument("--baseline-first", action="store_true",
+                    help="run the previous release's workers first (the first pair reads the backlog cold "
+                         "from the broker; alternate the order between runs)")
     ap.add_argument("--baseline-python", default=None,
                     help="a previous release's interpreter: its two workers answer the same queries on the "
                          "same backlog after this release's, for a side-by-side table")
@@ -292,11 +295,13 @@ def main() -> None:
     names = produce(bs, topic, args.events, args.keys, partition_of=lambda k: partition_for(k, PARTS, "murmur2"))
     print(f"produced {args.events:,} events over {args.keys:,} keys in {time.time() - t0:.1f}s", flush=True)
     releases = [("this", sys.executable)] + ([("previous", args.baseline_python)] if args.baseline_python else [])
+    if args.baseline_first:
+        releases.reverse()
     results = {name: http_phases(bs, topic, f"{run}-{name}", names, python, args) for name, python in releases}
     print(f"\n{'release':8s} {'phase':6s} {'kind':10s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
           f"{'errors':>7s}   (load: events/s the two workers processed while queried)")
     summary: dict = {"events": args.events, "keys": args.keys, "partitions": PARTS, **inproc}
-    for name, (phases, load_rate, caught_up, paused) in results.items():
+    for name, (phases, load_rate, caught_up, paused) in sorted(results.items(), key=lambda kv: kv[0] != "this"):
         prefix = "" if name == "this" else "previous_"
         summary[f"{prefix}load_events_per_s"] = load_rate
         summary[f"{prefix}load_loop_paused_share"] = paused
