@@ -47,6 +47,8 @@ def _group(comm: str, dso: str) -> str:
         return "libc and kernel, librdkafka's threads"
     if "_score" in dso or "_countmin" in dso or "_bloom" in dso or "_hashing" in dso:
         return "sketch kernels"
+    if "cimpl" in dso:
+        return "confluent-kafka's module (Message objects)"
     if "libpython" in dso:
         return "interpreter (libpython)"
     if "_ingest" in dso or "_native" in dso or "multiarray" in dso or "libm" in dso:
