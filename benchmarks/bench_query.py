@@ -275,8 +275,8 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a worker setting for both releases' workers (repeatable)")
     ap.add_argument("--baseline-first", action="store_true",
-                    help="run the previous release's workers first (the first pair reads the backlog cold "
-                         "from the broker; alternate the order between runs)")
+                    help="run the previous release's workers first (the pair that runs first, right after "
+                         "the backlog is produced, has the longer tail: alternate the order between runs)")
     ap.add_argument("--baseline-python", default=None,
                     help="a previous release's interpreter: its two workers answer the same queries on the "
                          "same backlog after this release's, for a side-by-side table")
