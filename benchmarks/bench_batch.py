@@ -208,11 +208,7 @@ def worker_rate(bs: str, topic: str, n: int, runtime: str, extra: dict, workdir:
             time.sleep(0.05 if v >= 0.9 * n or t_first is None else 0.5)
         raise RuntimeError("worker did not finish")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_worker(proc)
         log.close()
 
 
@@ -230,6 +226,15 @@ def replay_run(bs: str, topic: str, ingest: str):
                  write_snapshots=True, progress=False, ingest=ingest)
     rep.cpu_s = time.process_time() - c0  # type: ignore[attr-defined]
     return rep
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 60 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _cpu_seconds(pid: int) -> float:

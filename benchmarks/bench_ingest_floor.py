@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -92,11 +91,7 @@ def run_worker(bs: str, topic: str, path: str, args, workdir: str, perf_out: str
             raise RuntimeError("the worker caught up inside the window: produce more events (--events)")
         return {"events_per_s": (v1 - v0) / (t1 - t0), "cpu_us": (c1 - c0) / (v1 - v0) * 1e6}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        bb.stop_worker(proc)
         log.close()
 
 
