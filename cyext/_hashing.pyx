@@ -7,7 +7,8 @@ import numpy as np
 
 from ghash cimport (Hasher, make_hasher, key_view, hash_key,
                     gh_murmur3_64, gh_siphash24, gh_splitmix64, gh_km_index, gh_ix_indexes,
-                    gh_hash, gh_crc32c_init, gh_crc32c, GH_MURMUR3, GH_SIPHASH)
+                    gh_hash, gh_crc32c_init, gh_crc32c, gh_crc32c_portable,
+                    gh_crc32c_hardware, GH_MURMUR3, GH_SIPHASH)
 
 include "_keys.pxi"
 
@@ -183,3 +184,21 @@ def crc32c(data, uint32_t crc=0):
     with nogil:
         out = gh_crc32c(crc, &view[0], <size_t>view.shape[0])
     return out
+
+
+def crc32c_portable(data, uint32_t crc=0):
+    """``crc32c`` by the portable tables whatever the CPU has (the reference tests compare
+    the CPU's instruction with)."""
+    cdef const uint8_t[::1] view = data
+    cdef uint32_t out
+    if view.shape[0] == 0:
+        return crc
+    with nogil:
+        out = gh_crc32c_portable(crc, &view[0], <size_t>view.shape[0])
+    return out
+
+
+def crc32c_implementation():
+    """Which CRC-32C this machine computes with: ``"sse4.2"`` (the CPU's instruction) or
+    ``"portable"`` (slicing-by-8 tables)."""
+    return "sse4.2" if gh_crc32c_hardware() else "portable"

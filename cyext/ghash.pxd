@@ -25,6 +25,8 @@ cdef extern from "ghash.h" nogil:
                      uint32_t seed32, uint64_t k0, uint64_t k1)
     void gh_crc32c_init()
     uint32_t gh_crc32c(uint32_t crc, const unsigned char* p, size_t length)
+    uint32_t gh_crc32c_portable(uint32_t crc, const unsigned char* p, size_t length)
+    int gh_crc32c_hardware()
     uint64_t GH_GOLDEN
     int GH_MURMUR3
     int GH_SIPHASH
