@@ -24,6 +24,9 @@ import math
 from typing import Any, Mapping
 
 import numpy as np
+# np.isin's first call imports numpy.ma (7-25 ms): here, at start-up, not inside the batch
+# that holds the first key to raise.
+import numpy.ma  # noqa: F401
 
 from grudge_stream.exceptions import ConfigError
 from grudge_stream.operators.alerts import LATCH_CAPACITY, AlertLatch

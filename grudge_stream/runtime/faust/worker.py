@@ -290,6 +290,7 @@ class FaustRuntime:
             log.error("%s", exc)
         self.core.store.close()
         self.core.ticks.close()
+        self.core.checkpointer.close()
         if self.core.membership.directory is not None:
             await loop.run_in_executor(None, self.core.membership.directory.close)
         if not self.core.checkpointer.no_more_snapshots:
