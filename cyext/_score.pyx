@@ -882,6 +882,47 @@ cdef class ScoreSketch(_ScoreKernel):
         arr, _ = self._cells_copy()
         return arr.reshape(self._core.L, self._core.M)
 
+    def saturation_counts(self, now_ms, double lam_per_ms, double hot_at, double in_use_at):
+        """Per level, the cells whose score decayed to ``now_ms`` (``score * exp(-lam_per_ms *
+        age)``, age 0 for a cell never written or without ``now_ms``) is at least ``hot_at``,
+        and at least ``in_use_at``: two int64 arrays of ``levels``. What
+        ``grudge_stream.operators.saturation`` measures, in one pass over the cells in place
+        (no copy), without the GIL, under the sketch's lock."""
+        cdef cnp.ndarray hot = np.zeros(self._core.L, dtype=np.int64)
+        cdef cnp.ndarray use = np.zeros(self._core.L, dtype=np.int64)
+        cdef int64_t* ph = <int64_t*>cnp.PyArray_DATA(hot)
+        cdef int64_t* pu = <int64_t*>cnp.PyArray_DATA(use)
+        cdef int64_t now = INT64_MIN if now_ms is None else <int64_t>now_ms
+        cdef size_t m = self._core.M, i
+        cdef int lvl
+        cdef double v
+        cdef int64_t age, nh, nu
+        cdef const gs_cell* c
+        # A cell at 0 (most of a sparse table) decays to 0: judged once, not per cell.
+        cdef bint zero_hot = 0.0 >= hot_at, zero_use = 0.0 >= in_use_at
+        with nogil:
+            gs_lock_acquire_nogil(&self._lock)
+            for lvl in range(self._core.L):
+                c = self._table + <size_t>lvl * m
+                nh = 0
+                nu = 0
+                for i in range(m):
+                    v = c[i].score
+                    if v == 0.0:
+                        nh += zero_hot
+                        nu += zero_use
+                        continue
+                    if lam_per_ms != 0.0 and now != INT64_MIN and c[i].last_ms != INT64_MIN \
+                            and now > c[i].last_ms:
+                        age = now - c[i].last_ms
+                        v = v * exp(-lam_per_ms * <double>age)
+                    nh += v >= hot_at
+                    nu += v >= in_use_at
+                ph[lvl] = nh
+                pu[lvl] = nu
+            gs_lock_release(&self._lock)
+        return hot, use
+
     def copy(self):
         """An independent sketch with the same config, clock and state."""
         cdef ScoreSketch other = ScoreSketch.__new__(ScoreSketch)

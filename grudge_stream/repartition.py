@@ -174,6 +174,8 @@ class Repartitioner:
         self.native = open_reader(self.ingest, self.consumer, self.plan.source_topic, self.batch_size,
                                   quiet=self._ingest_said, what="repartition stage ingest")
         self._ingest_said = True  # said once per stage, not per rebuilt consumer
+        if self._metrics is not None:
+            self._metrics.ingest(self.native is not None)
         self.consumer.subscribe([self.plan.source_topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     # The batch worker's rebalance steps (grudge_stream.runtime.native.assign/unassign): each
@@ -462,8 +464,14 @@ class _StageMetrics:
         self._lag = Gauge("grudge_repartition_lag_records",
                           "Source records the repartition stage has not re-keyed yet (log end - position)",
                           ["operator", "partition"], registry=r)
+        self._native = Gauge("grudge_repartition_ingest_native",
+                             "1 when the repartition stage reads its source on the native ingest path "
+                             "(setting ingest), 0 on confluent-kafka messages", ["operator"], registry=r)
         self._fwd = self._records.labels(operator_id, "forwarded")
         self._dead = self._records.labels(operator_id, "dead_letter")
+
+    def ingest(self, native: bool) -> None:
+        self._native.labels(self.op).set(1 if native else 0)
 
     def lag(self, partition: int, records: int) -> None:
         self._lag.labels(self.op, str(partition)).set(records)

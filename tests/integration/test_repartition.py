@@ -211,7 +211,9 @@ def test_dedup_by_field_forwards_each_id_once_with_headers(env, runtime, drain, 
     assert fwd and float(fwd[0].split()[-1]) == IDS * COPIES, fwd
     lag = [float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("grudge_repartition_lag_records")]
     assert len(lag) == PARTITIONS and set(lag) == {0.0}, lag
-    # Which path the stage reads on: its start-up line (ingest=python says nothing).
+    # Which path the stage reads on: its metric, and its start-up line (ingest=python says nothing).
+    native = [ln for ln in metrics.splitlines() if ln.startswith("grudge_repartition_ingest_native{")]
+    assert len(native) == 1 and float(native[0].split()[-1]) == (1.0 if ingest == "native" else 0.0), native
     said = "\n".join(path.read_text(errors="replace") for _, path in e.procs)
     assert ("repartition stage ingest: native" in said) == (ingest == "native"), said[-3000:]
     if runtime == "batch":

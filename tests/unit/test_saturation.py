@@ -132,3 +132,29 @@ def test_token_buckets_report_full_cells() -> None:
     assert r.warning is None and r.measures["false_limit_probability"] < FALSE_RAISE_TARGET
     assert r.measures["cells_in_use_ratio"] == pytest.approx(80 / 200_000)
     assert t.warning is not None and t.measures["full_cells_ratio"] > 0.3
+
+
+@pytest.mark.parametrize("now_ms", [None, 5_000, 60_000, 10_000_000])
+@pytest.mark.parametrize("lam_per_ms", [0.0, 1e-5, 3e-3])
+def test_the_kernels_level_counts_equal_the_arrays_they_replace(now_ms, lam_per_ms) -> None:
+    """``ScoreSketch.saturation_counts`` (one pass over the cells in place) counts what the
+    copied, decayed arrays count: cells never written, zero, negative, decayed below or
+    still above each threshold, written after ``now_ms``."""
+    import numpy as np
+
+    from grudge_stream import ScoreSketch
+    from grudge_stream.operators.saturation import _decayed_scores
+    from grudge_stream.sketches.score_config import Exponential
+
+    rng = np.random.default_rng(3)
+    sk = ScoreSketch(levels=3, cells_per_level=2_000, decay=Exponential(0.5), lo=-1.0, hi=1.0)
+    keys = [f"k{i}".encode() for i in range(1_500)]
+    for i, k in enumerate(keys):
+        sk.update(k, float(rng.uniform(-0.9, 0.9)), int(rng.integers(0, 70_000)))
+    s = _decayed_scores(sk, now_ms, lam_per_ms)
+    for hot_at, use_at in ((0.5, 0.005), (0.2, 0.2), (-0.3, 0.0), (0.0, -0.1)):
+        hot, use = sk.saturation_counts(now_ms, lam_per_ms, hot_at, use_at)
+        assert hot.tolist() == (s >= hot_at).sum(axis=1).tolist(), (hot_at, now_ms, lam_per_ms)
+        assert use.tolist() == (s >= use_at).sum(axis=1).tolist(), (use_at, now_ms, lam_per_ms)
+    raw = _decayed_scores(sk, None, 0.0)
+    assert 0 < int((raw != 0).sum()) < raw.size  # the table is partly written: both branches ran
