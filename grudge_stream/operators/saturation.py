@@ -4,8 +4,9 @@ Each function reads one sketch at event time ``now_ms`` and returns a
 ``Saturation``: named measures (exported per partition as
 ``grudge_sketch_saturation{operator,partition,sketch,measure}``) and, when the
 sketch has passed its target, one sentence saying so (logged as a warning).
-They copy the sketch's cells (a few MB at default sizes): call them every few
-seconds, not per batch.
+A score sketch's are counted by its kernel in one pass over the cells in place
+(``ScoreSketch.saturation_counts``, a few ms at default sizes); the others copy the
+cells (a few MB): call them every few seconds, not per batch.
 """
 from __future__ import annotations
 
