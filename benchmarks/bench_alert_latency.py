@@ -264,8 +264,13 @@ def run_once(bs: str, mode: str, args, prefix: str) -> dict:
                 produced += 1
             while burst and burst[0][0] <= now:
                 _, _, key, _ = heapq.heappop(burst)
-                ts = int(time.time() * 1000)
-                produce(source, key=key, value=BAD, timestamp=ts, on_delivery=on_abuse)
+                while True:  # an abuser's event is never dropped: wait for room in the queue
+                    ts = int(time.time() * 1000)
+                    try:
+                        produce(source, key=key, value=BAD, timestamp=ts, on_delivery=on_abuse)
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
             producer.poll(0)
             time.sleep(0.001)
         cpu_share = (worker.cpu() - cpu0) / (time.monotonic() - mono0)
