@@ -392,7 +392,14 @@ def test_a_worker_dropped_from_the_group_aborts_its_transaction_and_carries_on(h
         log = a.log()
         # Aborted, or (when librdkafka's send_offsets_to_transaction blocks past its timeout
         # with the member gone) the producer replaced: either way the held partitions reset.
-        assert "transaction aborted" in log or "transactional producer cannot go on" in log, log[-3000:]
+        # On a loaded machine librdkafka may serve the lost assignment's revocation before the
+        # loop's next commit: the revocation's checkpoint then goes through (nothing open to
+        # abort, or committed as the rejoining member's) and the partitions come back from
+        # those snapshots. Every way keeps exactly-once, asserted below.
+        aborted = "transaction aborted" in log or "transactional producer cannot go on" in log
+        timed_out = "Consumer group session timed out"
+        after_timeout = log.split(timed_out, 1)[1] if timed_out in log else ""
+        assert aborted or "mode=snapshot" in after_timeout, log[-3000:]
         assert a.stop() == 0, a.log()[-3000:]
         assert_exactly_once(h, probe)
     finally:
