@@ -7,6 +7,13 @@ interleaved. In each run it waits for the first ``--skip`` events (start-up and 
 out of the window), then measures the worker's process CPU (every thread) over
 ``--window-s`` seconds against the events it counted: CPU-µs per event.
 
+A path may carry settings of its own: ``native:batch_backlog_factor=1`` is the native path with
+that setting (``;`` between several), as a path of its own in the rounds.
+
+``--baseline-python PY`` adds the path ``base``: another installation's worker (its
+``grudge-stream`` beside PY) on the native path, in the same interleaved rounds, and the
+rounds' median ratio of its CPU per event to this one's.
+
 With ``--perf`` (needs Linux ``perf``), the last round of each path is also sampled with
 ``perf record`` over the window, and its samples split by thread and library, each as a share
 of the samples and as CPU-µs per event: the librdkafka broker thread (fetch, lz4, one
@@ -65,8 +72,12 @@ def run_worker(bs: str, topic: str, path: str, args, workdir: str, perf_out: str
     sets = {"source_topic": topic, "app_name": f"floor-{run}", "operator_id": f"floor-{run}",
             "alerts_topic": f"floor-{run}-alerts", "scores_topic": f"floor-{run}-scores",
             "dead_letter_topic": f"floor-{run}-dlq", "snapshot_topic": f"floor-{run}-snap",
-            "checkpoint_interval_s": "5", "seed": bb.BENCH_KEY, "ingest": path}
-    exe = os.path.join(os.path.dirname(sys.executable), "grudge-stream")
+            "checkpoint_interval_s": "5", "seed": bb.BENCH_KEY}
+    path, _, extra = path.partition(":")
+    sets["ingest"] = "native" if path == "base" else path
+    sets.update(kv.split("=", 1) for kv in extra.split(";") if kv)  # "native:k=v;k=v": settings of that path
+    python = args.baseline_python if path == "base" else sys.executable
+    exe = os.path.join(os.path.dirname(python), "grudge-stream")
     cmd = [exe, "worker", "abuse_scores", "--bootstrap-servers", bs, "--web-port", str(port),
            "--runtime", "batch", "--loglevel", "warning"]
     for k, v in sets.items():
@@ -119,6 +130,8 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=300_000, help="events before the window starts")
     ap.add_argument("--window-s", type=float, default=2.5)
     ap.add_argument("--perf", action="store_true", help="split the last round's CPU by thread and library")
+    ap.add_argument("--baseline-python", help="another installation's python: its worker on the native path "
+                    "runs as the path 'base', in the same rounds")
     args = ap.parse_args()
     bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bs:
@@ -126,6 +139,8 @@ def main() -> None:
     if args.perf and shutil.which("perf") is None:
         sys.exit("--perf needs Linux perf on the PATH")
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if args.baseline_python:
+        paths.append("base")
     topic = f"bench-floor-{uuid.uuid4().hex[:8]}"
     bb.produce(bs, topic, args.events, args.keys)
     print(f"produced {args.events:,} events over {args.keys:,} keys into {topic}", flush=True)
@@ -148,6 +163,12 @@ def main() -> None:
         print(f"{p:8s} {statistics.median(cpu):.3f} ({', '.join(f'{c:.3f}' for c in cpu)}){'':14s}"
               f"{statistics.median(x['events_per_s'] for x in res[p]):,.0f}")
         summary[f"{p}_cpu_us_per_event"] = statistics.median(cpu)
+    for q in paths:
+        if q in ("native", "python") or "native" not in res:
+            continue
+        ratio = statistics.median(res[q][i]["cpu_us"] / res["native"][i]["cpu_us"] for i in range(args.runs))
+        print(f"{q} / native CPU per event (median of the rounds' ratios): {ratio:.3f}")
+        summary[f"{q}_over_native"] = ratio
     if "native" in res and "python" in res:
         ratio = statistics.median(res["python"][i]["cpu_us"] / res["native"][i]["cpu_us"] for i in range(args.runs))
         print(f"python / native CPU per event (median of the rounds' ratios): {ratio:.2f}")

@@ -62,7 +62,7 @@ def group_records(dict by_tp_records):
     return out
 
 
-def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dict cache,
+def decode_column(list keys, list values, object timestamps, Py_ssize_t start, dict cache,
                   object decode_value, Py_ssize_t max_key_bytes, Py_ssize_t cache_max_entries,
                   Py_ssize_t cache_max_value_bytes, bint allow_empty_keys=False):
     """Decode records ``start..n`` whose meaning depends on the value bytes alone.
@@ -70,6 +70,8 @@ def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dic
     Returns ``(index, deltas, ts, bad)``: the indexes of valid records (int64), their
     decoded values (float64) and timestamps (int64), and ``[(index, reason), ...]`` for the
     rest, in record order. ``decode_value(bytes)`` returns a float or a reason string.
+    ``timestamps``: a list of ints, or int64 values in a buffer (the native fetcher's
+    ``array.array('q')``).
     """
     cdef Py_ssize_t n = len(values), i, j = 0
     cdef cnp.ndarray[cnp.int64_t, ndim=1] idx = np.empty(n - start if n > start else 0, dtype=np.int64)
@@ -78,6 +80,12 @@ def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dic
     cdef list bad = []
     cdef object v, k, d, t
     cdef int64_t tsv
+    cdef bint ts_list = type(timestamps) is list
+    cdef const long long[::1] tsa
+    if not ts_list:
+        tsa = timestamps
+        if tsa.shape[0] != n:
+            raise ValueError("timestamps and values differ in length")
     for i in range(start, n):
         v = values[i]
         if v is None:
@@ -101,8 +109,11 @@ def decode_column(list keys, list values, list timestamps, Py_ssize_t start, dic
         if max_key_bytes and len(<bytes>k) > max_key_bytes:
             bad.append((i, _checks.key_too_long(len(<bytes>k), max_key_bytes)))
             continue
-        t = timestamps[i]
-        tsv = t
+        if ts_list:
+            t = timestamps[i]
+            tsv = t
+        else:
+            tsv = tsa[i]
         if tsv < 0 or tsv > MAX_TS:
             bad.append((i, _checks.timestamp_out_of_range("record timestamp", tsv)))
             continue

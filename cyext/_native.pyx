@@ -3,10 +3,13 @@
 # batch pipeline, (offsets, timestamps, keys, values) per partition, without a Message object
 # per record. Group membership, callbacks, commits and seeks stay with the confluent-kafka
 # Consumer; see grudge_stream/runtime/native.py.
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from cpython.ref cimport PyObject
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF
+from libc.string cimport memcmp
+from cpython cimport array
+import array
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strlen
@@ -48,6 +51,9 @@ cdef extern from "grdk.h" nogil:
     grdk_kafka_t *grdk_client_handle(PyObject *client)
 
 PARTITION_EOF = GRDK_ERR_PARTITION_EOF
+cdef enum:
+    MEMO = 4              # payloads remembered by a fetcher
+    MEMO_MAX_BYTES = 256  # the largest payload remembered
 
 
 def load(str path):
@@ -108,6 +114,19 @@ cdef object _headers_of(grdk_message_t *m):
     return out
 
 
+cdef inline object _bytes_or_none(const void *p, size_t n):
+    return PyBytes_FromStringAndSize(<const char *>p, n) if p != NULL else None
+
+
+cdef tuple _error_of(grdk_message_t *m):
+    """(partition, code, text) of an error message."""
+    if m.payload != NULL and m.len > 0:
+        text = (<char *>m.payload)[:m.len].decode(errors="replace")
+    else:
+        text = grdk.err2str(m.err).decode(errors="replace")
+    return (m.partition, m.err, text)
+
+
 cdef class PartitionFetch:
     """One consumer's assigned partitions of ``topic``, forwarded to a queue of their own.
 
@@ -129,6 +148,37 @@ cdef class PartitionFetch:
     cdef dict parts            # partition -> its queue handle (as an address)
     cdef grdk_message_t **msgs
     cdef Py_ssize_t capacity
+    # The last few small payloads, each as the one bytes object handed out for every record
+    # that carries those bytes (most topics repeat a few payloads: one object instead of one
+    # per record, and its hash, cached in the object, computed once for the codec's cache).
+    cdef PyObject *memo[MEMO]
+    cdef Py_ssize_t memo_len[MEMO]
+    cdef int memo_next, memo_last
+
+    cdef object _payload(self, const char *p, size_t n):
+        cdef int j, k
+        cdef PyObject *o
+        cdef object b
+        if p == NULL:
+            return None
+        if n > MEMO_MAX_BYTES:
+            return PyBytes_FromStringAndSize(p, n)
+        k = self.memo_last
+        for j in range(MEMO):
+            o = self.memo[k]
+            if o != NULL and self.memo_len[k] == <Py_ssize_t>n and memcmp(PyBytes_AS_STRING(<object>o), p, n) == 0:
+                self.memo_last = k
+                return <object>o
+            k = k + 1 if k + 1 < MEMO else 0
+        b = PyBytes_FromStringAndSize(p, n)
+        k = self.memo_next
+        self.memo_next = k + 1 if k + 1 < MEMO else 0
+        Py_XDECREF(self.memo[k])
+        Py_INCREF(b)
+        self.memo[k] = <PyObject *>b
+        self.memo_len[k] = <Py_ssize_t>n
+        self.memo_last = k
+        return b
 
     def __cinit__(self, object consumer, str topic, Py_ssize_t capacity):
         if capacity < 1:
@@ -201,17 +251,24 @@ cdef class PartitionFetch:
         self.queue = NULL
 
     def __dealloc__(self):
+        cdef int j
         if self.queue != NULL and self.consumer is not None and self._live():
             for addr in self.parts.values():
                 grdk.queue_forward(<grdk_queue_t *><size_t>addr, NULL)
                 grdk.queue_destroy(<grdk_queue_t *><size_t>addr)
             grdk.queue_destroy(self.queue)
         self.queue = NULL
+        for j in range(MEMO):
+            Py_XDECREF(self.memo[j])
+            self.memo[j] = NULL
         if self.msgs != NULL:
             free(self.msgs)
             self.msgs = NULL
 
-    def fetch(self, Py_ssize_t n, int timeout_ms, bint headers=False):
+    def fetch(self, Py_ssize_t n, int timeout_ms, bint headers=False, bint arrays=False):
+        """See the class. ``arrays`` (without ``headers``): each partition's offsets and
+        timestamps as ``array.array('q')`` instead of lists of ints (no int object per record;
+        indexing, slicing, ``len`` and ``bisect`` work as on the lists)."""
         cdef dict groups = {}
         cdef list errors = []
         cdef ssize_t got, i
@@ -233,16 +290,14 @@ cdef class PartitionFetch:
             got = grdk.consume_batch_queue(q, timeout_ms, msgs, <size_t>n)
         if got < 0:
             raise RuntimeError("rd_kafka_consume_batch_queue failed")
+        if arrays and not headers:
+            return self._arrays(got)
         i = 0
         try:
             while i < got:
                 m = msgs[i]
                 if m.err != 0:
-                    if m.payload != NULL and m.len > 0:
-                        text = (<char *>m.payload)[:m.len].decode(errors="replace")
-                    else:
-                        text = grdk.err2str(m.err).decode(errors="replace")
-                    errors.append((m.partition, m.err, text))
+                    errors.append(_error_of(m))
                 else:
                     if m.partition != last_p or offs is None:
                         cols = groups.get(m.partition)
@@ -260,16 +315,8 @@ cdef class PartitionFetch:
                         last_p = m.partition
                     offs.append(PyLong_FromLongLong(m.offset))
                     tss.append(PyLong_FromLongLong(grdk.message_timestamp(m, &tstype)))
-                    if m.key != NULL:
-                        key = PyBytes_FromStringAndSize(<char *>m.key, m.key_len)
-                    else:
-                        key = None
-                    if m.payload != NULL:
-                        val = PyBytes_FromStringAndSize(<char *>m.payload, m.len)
-                    else:
-                        val = None
-                    keys.append(key)
-                    vals.append(val)
+                    keys.append(_bytes_or_none(m.key, m.key_len))
+                    vals.append(self._payload(<const char *>m.payload, m.len))
                     if headers:
                         hdrs.append(_headers_of(m))
                         tstypes.append(tstype)
@@ -281,3 +328,65 @@ cdef class PartitionFetch:
                 grdk.message_destroy(msgs[i])
                 i += 1
         return groups, errors, count
+
+    cdef tuple _arrays(self, ssize_t got):
+        """``fetch(arrays=True)`` over the ``got`` records taken: two passes, the first
+        counting each partition's records (so each array is made at its size), the second
+        filling them; every record is released whatever happens."""
+        cdef dict groups = {}, sizes = {}
+        cdef list errors = []
+        cdef grdk_message_t **msgs = self.msgs
+        cdef grdk_message_t *m
+        cdef ssize_t i = 0, run = 0
+        cdef int32_t last_p = -1
+        cdef int tstype
+        cdef Py_ssize_t count = 0, at = 0
+        cdef array.array offs, tss
+        cdef long long *po = NULL
+        cdef long long *pt = NULL
+        cdef list keys = None, vals = None, cols
+        cdef array.array template = array.array('q')
+        try:
+            while i < got:  # the first pass: records per partition
+                m = msgs[i]
+                if m.err == 0:
+                    if m.partition != last_p:
+                        if run:
+                            sizes[last_p] = sizes.get(last_p, 0) + run
+                        last_p, run = m.partition, 0
+                    run += 1
+                i += 1
+            if run:
+                sizes[last_p] = sizes.get(last_p, 0) + run
+            for p, size in sizes.items():
+                groups[p] = [array.clone(template, size, False), array.clone(template, size, False), [], [], 0]
+            last_p = -1
+            cols = None
+            i = 0
+            while i < got:
+                m = msgs[i]
+                if m.err != 0:
+                    errors.append(_error_of(m))
+                else:
+                    if m.partition != last_p or cols is None:
+                        if cols is not None:
+                            cols[4] = at
+                        cols = groups[m.partition]
+                        offs, tss, keys, vals = cols[0], cols[1], cols[2], cols[3]
+                        po, pt = offs.data.as_longlongs, tss.data.as_longlongs
+                        at = cols[4]
+                        last_p = m.partition
+                    po[at] = m.offset
+                    pt[at] = grdk.message_timestamp(m, &tstype)
+                    at += 1
+                    keys.append(_bytes_or_none(m.key, m.key_len))
+                    vals.append(self._payload(<const char *>m.payload, m.len))
+                    count += 1
+                grdk.message_destroy(m)
+                i += 1
+        finally:
+            while i < got:  # an error above: the rest is released all the same
+                grdk.message_destroy(msgs[i])
+                i += 1
+        return {p: (c[0], c[1], c[2], c[3]) for p, c in groups.items()}, errors, count
+

@@ -104,6 +104,7 @@ class Group(_Section):
     batch_within_s: float = _d("batch_within_s")
     ingest: str = _d("ingest")
     batch_max_wait_ms: int = _d("batch_max_wait_ms")
+    batch_backlog_factor: int = _d("batch_backlog_factor")
     fetch_max_wait_ms: int = _d("fetch_max_wait_ms")
     liveness_timeout_s: float = _d("liveness_timeout_s")
 

@@ -300,6 +300,9 @@ COMMON: list[Setting] = [
       "(confluent-kafka messages), auto (native where it loads, else python with one info line); docs/runtime.md",
       choices=("auto", "native", "python")),
     S("batch_max_wait_ms", "int", 10, "batch runtime: longest wait for a batch to fill", "ms", min=1),
+    S("batch_backlog_factor", "int", 4, "batch runtime, native ingest: after a full batch (a backlog) the next one "
+      "takes up to this many times batch_size of the records already fetched, without waiting; 1: off",
+      min=1, max=64),
     S("fetch_max_wait_ms", "int", 100, "Faust runtime: aiokafka fetch wait", "ms", min=1),
     S("commit_interval_s", "float", 0.5, "how often source offsets are committed (batch runtime: once the "
       "outputs before them are delivered; exactly_once: the transaction, so the output latency; Faust: its "

@@ -157,7 +157,8 @@ def replay(topology: Topology, bootstrap_servers: str, *, start: Position, end: 
     reader = None
     try:
         # (ingest=native where it cannot run: ConfigError, before anything is read)
-        reader = open_reader(ingest, consumer, topic, batch_size, quiet=not progress, what="replay ingest")
+        reader = open_reader(ingest, consumer, topic, batch_size, quiet=not progress, what="replay ingest",
+                             arrays=apply is None)  # a backfill's apply gets lists
         report.ingest = "native" if reader is not None else "python"
         partitions = topic_partitions(consumer, topic)
         starts = resolve(consumer, topic, partitions, start)

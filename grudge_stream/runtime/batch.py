@@ -91,6 +91,10 @@ class BatchWorker(BatchCommits, ClientRenewal):
         # load batches fill at once; on a quiet topic this bounds the latency it adds (with
         # a 200 ms wait alerts took p50 150 ms at 3,000 events/s, with 10 ms p50 ~40 ms).
         self.batch_max_wait_ms = group.batch_max_wait_ms
+        # Reading a backlog on the native path, a batch of batch_size costs about a sixth more
+        # CPU per event than one of 4x (docs/benchmarks.md, "Batches while reading a backlog");
+        # after a full batch the next one may take that many of the records already fetched.
+        self.batch_backlog_factor = group.batch_backlog_factor
         # How records are read (grudge_stream.runtime.native): the reader, None on today's path.
         self.ingest = group.ingest
         self.native = None
@@ -295,7 +299,8 @@ class BatchWorker(BatchCommits, ClientRenewal):
         path); said once per worker, not per renewed consumer."""
         # Operators that read headers (needs_headers) take records: the reader builds them from
         # its headed columns (the headers and timestamp types read through librdkafka too).
-        self.native = open_reader(self.ingest, self.consumer, self.topic, self.batch_size, quiet=self._ingest_said)
+        self.native = open_reader(self.ingest, self.consumer, self.topic, self.batch_size, quiet=self._ingest_said,
+                                  arrays=True, backlog_factor=self.batch_backlog_factor)
         self._ingest_said = True
         self.core.metrics.ingest_native.set(1 if self.native is not None else 0)
 

@@ -16,7 +16,10 @@ routing its records to the consumer queue), so the consumer queue carries only w
 record: rebalances, errors, statistics. Each loop turn serves it with a non-blocking
 ``consume()`` (callbacks run there as today; an error it returns goes to the worker's error
 handling as today, a fatal one to ``ConsumerFatal``), then takes up to ``batch_size`` records
-from the fetcher, waiting at most ``batch_max_wait_ms`` when none came.
+from the fetcher, waiting at most ``batch_max_wait_ms`` when none came. After a full batch (a
+backlog) the next takes up to ``batch_backlog_factor`` times as many of the records already
+fetched, without waiting; one of fewer than ``batch_size`` ends the backlog. The batch worker's columns hold each
+partition's offsets and timestamps as ``array.array('q')`` (no int object per record).
 
 ``ingest``: ``auto`` (the default) runs the native path where it loads and today's path with
 one info line where it does not; ``native`` refuses to start without it (exit 2); ``python``
@@ -104,13 +107,25 @@ class NativeReader:
     that forward records, the repartition stage); ``RECORDS`` (``SourceRecord`` with headers:
     operators that declare ``needs_headers``)."""
 
-    def __init__(self, consumer: Any, topic: str, batch_size: int) -> None:
+    def __init__(self, consumer: Any, topic: str, batch_size: int, arrays: bool = False,
+                 backlog_factor: int = 1) -> None:
         from grudge_stream._cyext._native import PARTITION_EOF, PartitionFetch
 
+        if backlog_factor < 1:
+            raise ValueError(f"backlog_factor must be at least 1, not {backlog_factor}")
         self.consumer = consumer
         self.topic = topic
+        self.arrays = arrays  # COLUMNS: offsets and timestamps as array('q'), not lists of ints
+        # After a full batch (a backlog), the next read takes up to this many times the loop's
+        # batch size of what is already fetched, without waiting (setting batch_backlog_factor).
+        self.backlog_factor = backlog_factor
+        self._backlog = False
         self._eof = PARTITION_EOF
-        self.fetch = PartitionFetch(consumer, topic, batch_size)
+        self.fetch = PartitionFetch(consumer, topic, batch_size * backlog_factor)
+
+    arrays = False       # (class defaults: a reader made without __init__, as tests do)
+    backlog_factor = 1
+    _backlog = False
 
     def identity(self) -> tuple[str, int]:
         """(librdkafka's instance name, client type) of the handle read from the consumer."""
@@ -149,9 +164,12 @@ class NativeReader:
                 if err.code() != KafkaError._PARTITION_EOF:
                     loop.on_error(err)
             count = len(msgs) - len(errors)
-        want = loop.batch_size - count
+        size = loop.batch_size * self.backlog_factor if self._backlog else loop.batch_size
+        want = size - count
         if want > 0 and not self.fetch.closed:
-            more, errs, n = self.fetch.fetch(want, 0 if count else int(loop.wait_s * 1000), shape != COLUMNS)
+            # Records already there: no wait; nor in a backlog (a read under batch_size ends it).
+            wait_ms = 0 if count or self._backlog else int(loop.wait_s * 1000)
+            more, errs, n = self.fetch.fetch(want, wait_ms, shape != COLUMNS, self.arrays)
             for p, code, text in errs:
                 if code != self._eof:
                     loop.on_error(KafkaError(code, f"{loop.topic}[{p}]: {text}"))
@@ -171,6 +189,7 @@ class NativeReader:
                 else:
                     groups = more
                 count += n
+        self._backlog = self.backlog_factor > 1 and count >= loop.batch_size
         return Batch(groups, count, started)
 
 
@@ -213,11 +232,15 @@ def unassign(consumer: Any, reader: NativeReader | None, partitions: list, incre
 
 
 def open_reader(choice: str, consumer: Any, topic: str, batch_size: int, columns: bool = True,
-                quiet: bool = False, what: str = "ingest") -> NativeReader | None:
+                quiet: bool = False, what: str = "ingest", arrays: bool = False,
+                backlog_factor: int = 1) -> NativeReader | None:
     """The native reader for ``consumer`` as the ``ingest`` setting ``choice`` asks, or None
     (today's path). ``columns``: false keeps the reader on today's path (a reader that takes
     confluent-kafka messages). ``native`` where it cannot run raises ``ConfigError``. The
-    one line said (unless ``quiet``) starts with ``what``."""
+    one line said (unless ``quiet``) starts with ``what``. ``arrays``: the column shape's
+    offsets and timestamps come as ``array.array('q')`` (for readers that take the columns
+    to the operators' pipeline, not to code that expects lists). ``backlog_factor``: after a
+    full batch, the next read takes up to that many times ``batch_size`` (``NativeReader``)."""
     if choice not in INGEST_PATHS:
         raise ConfigError(f"ingest must be one of {', '.join(INGEST_PATHS)}, not {choice!r}")
     if choice == "python":
@@ -231,7 +254,7 @@ def open_reader(choice: str, consumer: Any, topic: str, batch_size: int, columns
         if not quiet:
             log.info("%s: today's path (confluent-kafka messages): the native path cannot run: %s", what, why)
         return None
-    reader = NativeReader(consumer, topic, batch_size)
+    reader = NativeReader(consumer, topic, batch_size, arrays, backlog_factor)
     name, kind = reader.identity()
     if kind != 1 or "#consumer-" not in name:  # not the handle of a consumer: refuse to read through it
         reader.close()

@@ -41,7 +41,7 @@ def _consumer(bs: str, **extra) -> Consumer:
                      "auto.offset.reset": "earliest", "enable.partition.eof": True, **extra})
 
 
-def _drain(c: Consumer, r: native.NativeReader, n: int, deadline_s: float = 60.0):
+def _drain(c: Consumer, r: native.NativeReader, n: int, deadline_s: float = 60.0, arrays: bool = False):
     got: dict[int, list] = {}
     eofs: set[int] = set()
     strays = 0
@@ -49,11 +49,15 @@ def _drain(c: Consumer, r: native.NativeReader, n: int, deadline_s: float = 60.0
     while sum(len(v[0]) for v in got.values()) < n and time.monotonic() < end:
         msgs = c.consume(500, timeout=0)
         strays += sum(1 for m in msgs if m.error() is None)
-        groups, errors, count = r.fetch.fetch(500, 50)
+        groups, errors, count = r.fetch.fetch(500, 50, False, arrays)
         for p, code, _ in errors:
             assert code == r._eof
             eofs.add(p)
         for p, cols in groups.items():
+            if arrays:
+                assert [type(c).__name__ for c in cols] == ["array", "array", "list", "list"]
+                assert cols[0].typecode == cols[1].typecode == "q"
+                assert len({len(c) for c in cols}) == 1
             have = got.setdefault(p, ([], [], [], []))
             for a, b in zip(have, cols):
                 a.extend(b)
@@ -102,6 +106,45 @@ def test_subscribed_records_come_as_columns_and_never_on_the_consumer_queue(kafk
     assert strays == 0
     assert again[1][0] == list(range(5, len(got[1][0])))
     assert set(again) == {1}
+    r.close()
+    c.close()
+
+
+def test_the_array_columns_hold_the_same_records(kafka_bootstrap) -> None:
+    """fetch(..., arrays=True): offsets and timestamps as array('q'), the same records as the
+    lists give, partitions interleaved in one fetch; a payload repeated over records is one
+    object (the fetcher remembers the last few small ones), and never mixed up with another."""
+    topic = f"native-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    sent = []
+    t0 = int(time.time() * 1000) - 60_000
+    payloads = [b'{"outcome":"good"}', b'{"outcome":"bad"}', b"x" * 300, b"", None, b"v", b"w", b"y", b"z"]
+    for i in range(20_000):
+        part = (i * 7) % 3
+        value = payloads[0] if i % 5 else payloads[(i // 5) % len(payloads)]  # one common, 8 others
+        key = None if i % 101 == 0 else b"k%d" % (i % 500)
+        p.produce(topic, key=key, value=value, partition=part, timestamp=t0 + i)
+        sent.append((part, key, value, t0 + i))
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(30) == 0
+    c = _consumer(kafka_bootstrap)
+    r = native.NativeReader(c, topic, 500)
+    r.split([0, 1, 2])
+    c.assign([TopicPartition(topic, q, 0) for q in range(3)])
+    got, _, strays = _drain(c, r, len(sent), arrays=True)
+    assert strays == 0
+    for q in range(3):
+        offs, tss, keys, vals = got[q]
+        mine = [s for s in sent if s[0] == q]
+        assert offs == list(range(len(mine)))
+        assert tss == [s[3] for s in mine]
+        assert keys == [s[1] for s in mine]
+        assert vals == [s[2] for s in mine]
+    good = [v for q in range(3) for v in got[q][3] if v == payloads[0]]
+    assert len(good) > 100 and len({id(v) for v in good}) < len(good) / 10
     r.close()
     c.close()
 

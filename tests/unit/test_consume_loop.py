@@ -123,10 +123,27 @@ class Fetch:
         self.out = (groups, list(errors), sum(len(c[0]) for c in groups.values()))
         self.calls = []
 
-    def fetch(self, n, timeout_ms, headers=False):
+    def fetch(self, n, timeout_ms, headers=False, arrays=False):
         self.calls.append((n, timeout_ms, headers))
         out, self.out = self.out, ({}, [], 0)
         return out
+
+
+class Backlog:
+    """A fetcher with ``ready`` records queued: each call takes what it asks for of them."""
+
+    closed = False
+
+    def __init__(self, ready):
+        self.ready, self.next, self.calls = ready, 0, []
+
+    def fetch(self, n, timeout_ms, headers=False, arrays=False):
+        self.calls.append((n, timeout_ms))
+        k = min(n, self.ready)
+        self.ready -= k
+        offs = list(range(self.next, self.next + k))
+        self.next += k
+        return ({0: (offs, [1] * k, [b"k"] * k, [b"v"] * k)} if k else {}), [], k
 
 
 def _reader(consumer, fetch):
@@ -159,6 +176,22 @@ def test_the_native_reader_gives_records_and_headed_columns_strays_first():
     fetch = Fetch({1: ([4], [60], [b"d"], [b"4"])})
     loop = ConsumeLoop(None, "in", batch_size=10, wait_s=0, native=_reader(Consumer([]), fetch))
     assert loop.read().groups == {1: ([4], [60], [b"d"], [b"4"])} and fetch.calls == [(10, 0, False)]
+
+
+def test_a_backlog_is_read_in_bigger_batches_without_waiting_and_ends_with_a_short_one():
+    fetch = Backlog(10 + 40 + 25)
+    reader = _reader(Consumer([]), fetch)
+    reader.backlog_factor = 4
+    loop = ConsumeLoop(None, "in", batch_size=10, wait_s=0.02, native=reader)
+    counts = [loop.read().count for _ in range(5)]
+    # 10 (a full batch): the next asks 4x without a wait; 40 and 25 (at least batch_size): the
+    # backlog goes on; none (fewer than batch_size): back to 10 with the wait.
+    assert counts == [10, 40, 25, 0, 0]
+    assert fetch.calls == [(10, 20), (40, 0), (40, 0), (40, 0), (10, 20)]
+    off = _reader(Consumer([]), Backlog(30))  # factor 1 (the default): batch_size every time
+    loop = ConsumeLoop(None, "in", batch_size=10, wait_s=0.02, native=off)
+    assert [loop.read().count for _ in range(4)] == [10, 10, 10, 0]
+    assert off.fetch.calls == [(10, 20)] * 4
 
 
 def test_the_native_path_gives_no_messages():
