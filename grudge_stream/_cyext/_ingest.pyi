@@ -1,3 +1,4 @@
+from array import array
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -12,7 +13,7 @@ def group_records(by_tp_records: dict[Any, list[Any]]) -> dict[Any, Columns]: ..
 def decode_column(
     keys: list[Optional[bytes]],
     values: list[Optional[bytes]],
-    timestamps: list[int],
+    timestamps: Union[list[int], "array[int]"],  # a list, or int64 in a buffer
     start: int,
     cache: dict[bytes, Any],
     decode_value: Callable[[bytes], Union[float, str]],
