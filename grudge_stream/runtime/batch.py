@@ -84,16 +84,16 @@ class BatchWorker(BatchCommits, ClientRenewal):
     def __init__(self, topology: Topology, settings: Settings) -> None:
         group = Group.of(settings)  # the core reads every section again, once, below
         self.exactly_once = Checkpointing.of(settings).exactly_once
-        # Small batches keep the messages and columns of one batch in cache: 2,000 measured
+        # On the python path small batches keep the messages and columns of one batch in cache: 2,000 measured
         # ~30% faster than 10,000 (benchmarks/bench_batch.py).
         self.batch_size = group.batch_size
         # consume() returns once it has batch_size records or this wait has passed: under
         # load batches fill at once; on a quiet topic this bounds the latency it adds (with
         # a 200 ms wait alerts took p50 150 ms at 3,000 events/s, with 10 ms p50 ~40 ms).
         self.batch_max_wait_ms = group.batch_max_wait_ms
-        # Reading a backlog on the native path, a batch of batch_size costs about a sixth more
-        # CPU per event than one of 4x (docs/benchmarks.md, "Batches while reading a backlog");
-        # after a full batch the next one may take that many of the records already fetched.
+        # Reading a backlog on the native path, per-batch costs weigh on batches of batch_size
+        # (docs/benchmarks.md, "Batches while reading a backlog"): after a full batch the next
+        # one may take this many times as many of the records already fetched, without waiting.
         self.batch_backlog_factor = group.batch_backlog_factor
         # How records are read (grudge_stream.runtime.native): the reader, None on today's path.
         self.ingest = group.ingest
