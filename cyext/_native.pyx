@@ -337,7 +337,7 @@ cdef class PartitionFetch:
         cdef list errors = []
         cdef grdk_message_t **msgs = self.msgs
         cdef grdk_message_t *m
-        cdef ssize_t i = 0, run = 0
+        cdef ssize_t i = 0, j = 0, run = 0
         cdef int32_t last_p = -1
         cdef int tstype
         cdef Py_ssize_t count = 0, at = 0
@@ -347,22 +347,21 @@ cdef class PartitionFetch:
         cdef list keys = None, vals = None, cols
         cdef array.array template = array.array('q')
         try:
-            while i < got:  # the first pass: records per partition
-                m = msgs[i]
+            while j < got:  # the first pass: records per partition (``i`` stays at the first
+                m = msgs[j]  # record not released yet, for the ``finally``)
                 if m.err == 0:
                     if m.partition != last_p:
                         if run:
                             sizes[last_p] = sizes.get(last_p, 0) + run
                         last_p, run = m.partition, 0
                     run += 1
-                i += 1
+                j += 1
             if run:
                 sizes[last_p] = sizes.get(last_p, 0) + run
             for p, size in sizes.items():
                 groups[p] = [array.clone(template, size, False), array.clone(template, size, False), [], [], 0]
             last_p = -1
             cols = None
-            i = 0
             while i < got:
                 m = msgs[i]
                 if m.err != 0:

@@ -882,12 +882,17 @@ cdef class ScoreSketch(_ScoreKernel):
         arr, _ = self._cells_copy()
         return arr.reshape(self._core.L, self._core.M)
 
-    def saturation_counts(self, now_ms, double lam_per_ms, double hot_at, double in_use_at):
+    def saturation_counts(self, now_ms, double lam_per_ms, double hot_at, double in_use_at,
+                          double refill_per_s=0.0, bint above=False):
         """Per level, the cells whose score decayed to ``now_ms`` (``score * exp(-lam_per_ms *
         age)``, age 0 for a cell never written or without ``now_ms``) is at least ``hot_at``,
         and at least ``in_use_at``: two int64 arrays of ``levels``. What
         ``grudge_stream.operators.saturation`` measures, in one pass over the cells in place
-        (no copy), without the GIL, under the sketch's lock."""
+        (no copy), without the GIL, under the sketch's lock.
+
+        A token bucket's debt refills linearly instead: with ``refill_per_s`` > 0 each cell's
+        value is ``max(0, score - refill_per_s * age / 1000)`` (no exponential decay then).
+        ``above``: count the values strictly above the thresholds, not at or above them."""
         cdef cnp.ndarray hot = np.zeros(self._core.L, dtype=np.int64)
         cdef cnp.ndarray use = np.zeros(self._core.L, dtype=np.int64)
         cdef int64_t* ph = <int64_t*>cnp.PyArray_DATA(hot)
@@ -898,8 +903,12 @@ cdef class ScoreSketch(_ScoreKernel):
         cdef double v
         cdef int64_t age, nh, nu
         cdef const gs_cell* c
-        # A cell at 0 (most of a sparse table) decays to 0: judged once, not per cell.
-        cdef bint zero_hot = 0.0 >= hot_at, zero_use = 0.0 >= in_use_at
+        cdef bint refill = refill_per_s > 0.0
+        if refill:
+            lam_per_ms = 0.0
+        # A cell at 0 (most of a sparse table) stays 0: judged once, not per cell.
+        cdef bint zero_hot = (0.0 > hot_at) if above else (0.0 >= hot_at)
+        cdef bint zero_use = (0.0 > in_use_at) if above else (0.0 >= in_use_at)
         with nogil:
             gs_lock_acquire_nogil(&self._lock)
             for lvl in range(self._core.L):
@@ -912,12 +921,21 @@ cdef class ScoreSketch(_ScoreKernel):
                         nh += zero_hot
                         nu += zero_use
                         continue
-                    if lam_per_ms != 0.0 and now != INT64_MIN and c[i].last_ms != INT64_MIN \
-                            and now > c[i].last_ms:
+                    age = 0
+                    if now != INT64_MIN and c[i].last_ms != INT64_MIN and now > c[i].last_ms:
                         age = now - c[i].last_ms
+                    if refill:
+                        v = v - refill_per_s * <double>age / 1000.0
+                        if v < 0.0:
+                            v = 0.0
+                    elif lam_per_ms != 0.0 and age != 0:
                         v = v * exp(-lam_per_ms * <double>age)
-                    nh += v >= hot_at
-                    nu += v >= in_use_at
+                    if above:
+                        nh += v > hot_at
+                        nu += v > in_use_at
+                    else:
+                        nh += v >= hot_at
+                        nu += v >= in_use_at
                 ph[lvl] = nh
                 pu[lvl] = nu
             gs_lock_release(&self._lock)

@@ -4,9 +4,9 @@ Each function reads one sketch at event time ``now_ms`` and returns a
 ``Saturation``: named measures (exported per partition as
 ``grudge_sketch_saturation{operator,partition,sketch,measure}``) and, when the
 sketch has passed its target, one sentence saying so (logged as a warning).
-A score sketch's are counted by its kernel in one pass over the cells in place
-(``ScoreSketch.saturation_counts``, a few ms at default sizes); the others copy the
-cells (a few MB): call them every few seconds, not per batch.
+A score sketch's and a token bucket's are counted by its kernel in one pass over the
+cells in place (``ScoreSketch.saturation_counts``, a few ms at default sizes); the others
+copy the cells (a few MB): call them every few seconds, not per batch.
 """
 from __future__ import annotations
 
@@ -66,6 +66,20 @@ def _level_counts(sketch: Any, now_ms: int | None, lam_per_ms: float, hot_at: fl
     return (s >= hot_at).sum(axis=1), (s >= in_use_at).sum(axis=1)
 
 
+def _bucket_counts(sketch: Any, now_ms: int | None, rate_per_s: float,
+                   full_above: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per level, the token-bucket cells whose debt refilled to ``now_ms`` (``max(0, debt -
+    rate_per_s * age / 1000)``) is above ``full_above``, and above 0: the kernel's one pass
+    in place (``ScoreSketch.saturation_counts`` with ``refill_per_s``), or the copied arrays."""
+    counts = getattr(sketch, "saturation_counts", None)
+    if counts is not None:
+        return counts(now_ms, 0.0, full_above, 0.0, max(0.0, float(rate_per_s)), True)  # type: ignore[no-any-return]
+    debt, age = _cells_and_age(sketch, now_ms)
+    if rate_per_s > 0:
+        debt = np.maximum(0.0, debt - rate_per_s * age / 1000.0)
+    return (debt > full_above).sum(axis=1), (debt > 0.0).sum(axis=1)
+
+
 def score_saturation(sketch: Any, now_ms: int | None, *, raise_at: float, lam_per_ms: float,
                      name: str = "scores") -> list[Saturation]:
     """A ScoreSketch or SplitScoreSketch: cells in use, hot cells, implied false raises.
@@ -105,13 +119,11 @@ def bucket_saturation(sketch: Any, now_ms: int | None, *, rate_per_s: float, bur
                       name: str = "buckets") -> list[Saturation]:
     """A token-bucket ScoreSketch (debt per cell, linear refill): cells in debt and the
     chance that a key with no requests of its own is refused a request of cost 1."""
-    debt, age = _cells_and_age(sketch, now_ms)
-    if rate_per_s > 0:
-        debt = np.maximum(0.0, debt - rate_per_s * age / 1000.0)
-    levels, m = debt.shape
-    full = (debt > burst - 1.0).mean(axis=1)
+    full_counts, use_counts = _bucket_counts(sketch, now_ms, rate_per_s, burst - 1.0)
+    levels, m = len(full_counts), sketch.config.cells_per_level
+    full = full_counts / m
     p_false = float(np.prod(full))
-    measures = {"cells_in_use_ratio": float((debt > 0.0).mean()), "full_cells_ratio": float(full.mean()),
+    measures = {"cells_in_use_ratio": float(use_counts.sum() / (levels * m)), "full_cells_ratio": float(full.mean()),
                 "false_limit_probability": p_false}
     warning = None
     if p_false > FALSE_RAISE_TARGET:

@@ -158,3 +158,40 @@ def test_the_kernels_level_counts_equal_the_arrays_they_replace(now_ms, lam_per_
         assert use.tolist() == (s >= use_at).sum(axis=1).tolist(), (use_at, now_ms, lam_per_ms)
     raw = _decayed_scores(sk, None, 0.0)
     assert 0 < int((raw != 0).sum()) < raw.size  # the table is partly written: both branches ran
+
+
+@pytest.mark.parametrize("now_ms", [None, 5_000, 60_000, 10_000_000])
+@pytest.mark.parametrize("rate_per_s", [0.0, 0.5, 7.0, 1e6])
+def test_the_kernels_token_bucket_counts_equal_the_arrays_they_replace(now_ms, rate_per_s) -> None:
+    """``saturation_counts(..., refill_per_s, above=True)`` (a token bucket's debt refilled
+    linearly, counted strictly above each threshold) counts what the copied arrays count:
+    cells never written, zero, negative, refilled to 0 or still in debt, written after
+    ``now_ms``, exactly at a threshold."""
+    import numpy as np
+
+    from grudge_stream import ScoreSketch
+    from grudge_stream.operators.saturation import _bucket_counts, _cells_and_age
+    from grudge_stream.sketches.score_config import NoDecay
+
+    rng = np.random.default_rng(5)
+    sk = ScoreSketch(levels=3, cells_per_level=2_000, decay=NoDecay(), lo=-5.0, hi=20.0)
+    for i in range(1_500):
+        sk.update(f"k{i}".encode(), float(rng.choice([rng.uniform(-3, 19), 1.0, 4.0])), int(rng.integers(0, 70_000)))
+    debt, age = _cells_and_age(sk, now_ms)
+    if rate_per_s > 0:
+        debt = np.maximum(0.0, debt - rate_per_s * age / 1000.0)
+    for full_above in (3.0, 0.0, -1.0, 18.5):
+        full, use = sk.saturation_counts(now_ms, 0.0, full_above, 0.0, rate_per_s, True)
+        assert full.tolist() == (debt > full_above).sum(axis=1).tolist(), (full_above, now_ms, rate_per_s)
+        assert use.tolist() == (debt > 0.0).sum(axis=1).tolist(), (now_ms, rate_per_s)
+
+    class Copied:  # a sketch without the kernel pass: the arrays, as before
+        config = sk.config
+
+        def _cells(self):
+            return sk._cells()
+
+    for full_above in (3.0, -1.0):
+        kernel = _bucket_counts(sk, now_ms, rate_per_s, full_above)
+        arrays = _bucket_counts(Copied(), now_ms, rate_per_s, full_above)
+        assert [a.tolist() for a in kernel] == [a.tolist() for a in arrays]
