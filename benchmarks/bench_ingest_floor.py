@@ -8,7 +8,9 @@ out of the window), then measures the worker's process CPU (every thread) over
 ``--window-s`` seconds against the events it counted: CPU-µs per event.
 
 A path may carry settings of its own: ``native:batch_backlog_factor=1`` is the native path with
-that setting (``;`` between several), as a path of its own in the rounds.
+that setting (``;`` between several), as a path of its own in the rounds. ``native@jemalloc``
+is the native path with jemalloc preloaded (``LD_PRELOAD``; the worker's /ready must say so);
+``@`` comes before ``:``.
 
 ``--baseline-python PY`` adds the path ``base``: another installation's worker (its
 ``grudge-stream`` beside PY) on the native path, in the same interleaved rounds, and the
@@ -66,6 +68,27 @@ def _group(comm: str, dso: str) -> str:
     return "other"
 
 
+def preload(alloc: str) -> str:
+    """The LD_PRELOAD value for an allocator's library (found by the dynamic linker's search)."""
+    lib = {"jemalloc": "libjemalloc.so.2", "mimalloc": "libmimalloc.so.2", "tcmalloc": "libtcmalloc.so.4"}.get(alloc)
+    if lib is None:
+        sys.exit(f"unknown allocator {alloc!r} (jemalloc, mimalloc, tcmalloc)")
+    return lib
+
+
+def ready_allocator(port: int) -> str | None:
+    """What the worker's /ready says it allocates with (grudge_stream.runtime.native.allocator)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+            return json.loads(r.read()).get("allocator")
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read()).get("allocator")
+
+
 def run_worker(bs: str, topic: str, path: str, args, workdir: str, perf_out: str | None) -> dict:
     run = uuid.uuid4().hex[:6]
     port = free_port()
@@ -74,6 +97,7 @@ def run_worker(bs: str, topic: str, path: str, args, workdir: str, perf_out: str
             "dead_letter_topic": f"floor-{run}-dlq", "snapshot_topic": f"floor-{run}-snap",
             "checkpoint_interval_s": "5", "seed": bb.BENCH_KEY}
     path, _, extra = path.partition(":")
+    path, _, alloc = path.partition("@")  # "native@jemalloc": that path with jemalloc preloaded
     sets["ingest"] = "native" if path == "base" else path
     sets.update(kv.split("=", 1) for kv in extra.split(";") if kv)  # "native:k=v;k=v": settings of that path
     python = args.baseline_python if path == "base" else sys.executable
@@ -83,13 +107,17 @@ def run_worker(bs: str, topic: str, path: str, args, workdir: str, perf_out: str
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     log = open(os.path.join(workdir, f"worker-{run}.log"), "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    env = {**os.environ, "LD_PRELOAD": preload(alloc)} if alloc else None
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env)
     try:
         deadline = time.monotonic() + 300
         while bb._events_total(port) < args.skip:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"worker did not start (see {log.name})")
             time.sleep(0.05)
+        said = ready_allocator(port)
+        if said != (alloc or "system"):
+            raise RuntimeError(f"the worker runs on allocator {said!r}, not {alloc or 'system'!r}")
         v0, c0, t0 = bb._events_total(port), bb._cpu_seconds(proc.pid), time.perf_counter()
         if perf_out:
             subprocess.run(["perf", "record", "-F", "999", "-o", perf_out, "-p", str(proc.pid), "--",
@@ -152,15 +180,15 @@ def main() -> None:
             data = os.path.join(workdir, f"perf-{p}.data") if args.perf and r == args.runs - 1 else None
             got = run_worker(bs, topic, p, args, workdir, data)
             res[p].append(got)
-            print(f"round {r + 1} {p:7s} {got['events_per_s']:>11,.0f} ev/s  {got['cpu_us']:.3f} CPU-us/event"
+            print(f"round {r + 1} {p:15s} {got['events_per_s']:>11,.0f} ev/s  {got['cpu_us']:.3f} CPU-us/event"
                   f"{'  (perf on)' if data else ''}  load {os.getloadavg()[0]:.1f}", flush=True)
             if data:
                 splits[p] = perf_split(data)
     summary: dict = {"events": args.events, "keys": args.keys}
-    print(f"\n{'path':8s} {'CPU-us/event (median; runs)':40s} events/s (median)")
+    print(f"\n{'path':16s} {'CPU-us/event (median; runs)':40s} events/s (median)")
     for p in paths:
         cpu = [x["cpu_us"] for x in res[p]]
-        print(f"{p:8s} {statistics.median(cpu):.3f} ({', '.join(f'{c:.3f}' for c in cpu)}){'':14s}"
+        print(f"{p:16s} {statistics.median(cpu):.3f} ({', '.join(f'{c:.3f}' for c in cpu)}){'':14s}"
               f"{statistics.median(x['events_per_s'] for x in res[p]):,.0f}")
         summary[f"{p}_cpu_us_per_event"] = statistics.median(cpu)
     for q in paths:
@@ -173,6 +201,12 @@ def main() -> None:
         ratio = statistics.median(res["python"][i]["cpu_us"] / res["native"][i]["cpu_us"] for i in range(args.runs))
         print(f"python / native CPU per event (median of the rounds' ratios): {ratio:.2f}")
         summary["python_over_native"] = ratio
+    for q in paths:  # today's path against the native one under the same allocator
+        if q.startswith("python@") and "native@" + q[7:] in res:
+            n = "native@" + q[7:]
+            ratio = statistics.median(res[q][i]["cpu_us"] / res[n][i]["cpu_us"] for i in range(args.runs))
+            print(f"{q} / {n} CPU per event (median of the rounds' ratios): {ratio:.2f}")
+            summary[f"{q}_over_{n}"] = ratio
     for p, split in splits.items():
         cpu = res[p][-1]["cpu_us"]
         print(f"\n{p}: the last round's CPU ({cpu:.3f} us/event with perf sampling) by thread and library")

@@ -20,7 +20,9 @@ so that every size has keys to raise):
   grudge-batch  `grudge-stream worker abuse_scores --runtime batch`
   grudge-lean   the same topology on the Faust runtime, drain=batch (the lean drain)
 
-Commit interval / checkpoint interval 5 s for all (--commit-s), Kafka Streams' record cache
+Every system's process runs on the same C allocator (--allocator): by default jemalloc where
+its library loads (as in grudge-stream's container image; preloaded into the JVM, Quix and
+grudge-stream alike), else the system's malloc. Commit interval / checkpoint interval 5 s for all (--commit-s), Kafka Streams' record cache
 10 MiB (its default), static group membership for all that have it (group.instance.id =
 the run id: a restarted instance takes its partitions back at once instead of waiting out
 the dead one's session timeout). Each round runs every system in turn (interleaved), and
@@ -332,6 +334,8 @@ class System:
             cmd = [python(), str(TIMED_WORKER), "--out", str(out), "--expected", str(expected), "--"] + cli[3:]
             w = out
         cwd = self.work if n != "faust-table" else self.state_dir  # Faust's data dir is ./faust-data
+        if a.preload:  # the same allocator for every system (the JVM's and RocksDB's mallocs too)
+            env = {**(env or {}), "LD_PRELOAD": a.preload}
         return Proc(cmd, self.work / f"{phase}.log", cwd, env), w
 
     @staticmethod
@@ -361,6 +365,23 @@ def tempfile_dir(prefix: str) -> str:
     if base:
         os.makedirs(base, exist_ok=True)
     return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+JEMALLOC = "libjemalloc.so.2"
+
+
+def allocator_preload(choice: str) -> str | None:
+    """The LD_PRELOAD for --allocator (None: the system's malloc); jemalloc asked and missing
+    ends the run."""
+    if choice == "system":
+        return None
+    probe = subprocess.run([sys.executable, "-c", "pass"], env={**os.environ, "LD_PRELOAD": JEMALLOC},
+                           capture_output=True, timeout=60)
+    if probe.returncode != 0 or b"cannot be preloaded" in probe.stderr:
+        if choice == "jemalloc":
+            sys.exit(f"--allocator jemalloc: {JEMALLOC} does not load here (Debian: apt-get install libjemalloc2)")
+        return None
+    return JEMALLOC
 
 
 def wait_for(proc: Proc, w, key: str, timeout: float) -> dict:
@@ -518,7 +539,11 @@ def main() -> int:
     ap.add_argument("--broker-data-dir", type=Path, required=True, help="the broker's log.dirs")
     ap.add_argument("--out", type=Path, default=CACHE / "results.json",
                     help="results JSON (merged into an existing file: one entry per keys:events size)")
+    ap.add_argument("--allocator", choices=("auto", "system", "jemalloc"), default="auto",
+                    help="the C allocator of every system's process: jemalloc preloaded (LD_PRELOAD), the "
+                    "system's malloc, or auto: jemalloc where its library loads (the container image's)")
     args = ap.parse_args()
+    args.preload = allocator_preload(args.allocator)
     # SIGTERM unwinds like Ctrl-C, so every worker started here is killed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bs = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -537,6 +562,8 @@ def main() -> int:
     CACHE.mkdir(parents=True, exist_ok=True)
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"sizes": {}}
     doc["versions"] = vers
+    print(f"# allocator: {'jemalloc (LD_PRELOAD) for every system' if args.preload else 'the system malloc'}",
+          flush=True)
     all_res: dict = {}
     for keys, n in sizes:
         topic = f"peers-{uuid.uuid4().hex[:6]}-events"
@@ -568,6 +595,7 @@ def main() -> int:
         summ = summarize(all_res, [(keys, n)], systems)[sk]
         doc["sizes"][sk] = {"keys": keys, "events": n, "distinct_expected": distinct, "topic": topic,
                             "runs": args.runs, "summary": summ,
+                            "allocator": "jemalloc" if args.preload else "system",
                             "raw": {s: [{k: v for k, v in r.items() if k != "raised"} | (
                                 {"raised_keys": sorted(r["raised"])} if r.get("raised") is not None else {})
                                 for r in rs] for s, rs in all_res[sk].items()}}

@@ -79,6 +79,7 @@ from grudge_stream.kafkaconf import FAST_CONSUMER, client_config
 from grudge_stream.liveness import GroupProgress, Liveness
 from grudge_stream.metrics import Metrics
 from grudge_stream.operators.records import group_source_records
+from grudge_stream.runtime.native import allocator
 from grudge_stream.outputs import OutputPublisher
 from grudge_stream.partitions import PartitionSlot, RestoreOutcome
 from grudge_stream.runtime.checkpointer import (CheckpointCadence, Checkpointer, ProcessingRate, SnapshotBudget,
@@ -437,6 +438,7 @@ class WorkerCore:
         # Informational: a mismatch does not take the worker out of service (it still judges
         # its records right), but its score answers for the affected keys are not to be trusted.
         body["key_partitioner"] = self.partitioner_check.report()
+        body["allocator"] = allocator()  # the C allocator (docs/runtime.md, "The allocator")
         return status, body
 
     @property

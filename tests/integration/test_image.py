@@ -12,6 +12,9 @@ the Dockerfile and replays each stage in a temporary directory:
 
 Deviations, stated: GRUDGE_WEB_HOST is 127.0.0.1 instead of the image's 0.0.0.0 (tests listen
 on loopback only), and the worker gets a broker, a key and a token file as a deployment would.
+The runtime stage's `apt-get install libjemalloc2` is not replayed: the image's LD_PRELOAD
+loads this machine's jemalloc where it has one (the worker's /ready must then say
+"jemalloc"), and is dropped where it has none ("system").
 """
 from __future__ import annotations
 
@@ -51,6 +54,20 @@ def stages() -> list[list[tuple[str, str]]]:
     return out
 
 
+READY = ("import json, os, urllib.request, urllib.error\n"
+         "try:\n"
+         "    r = urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ['GRUDGE_WEB_PORT'], timeout=4)\n"
+         "except urllib.error.HTTPError as exc:\n"
+         "    r = exc\n"
+         "print(r.read().decode())")
+
+
+def preloads(lib: str) -> bool:
+    """Whether the dynamic linker here can preload ``lib``."""
+    out = subprocess.run([sys.executable, "-c", "pass"], env={"LD_PRELOAD": lib}, capture_output=True, timeout=60)
+    return out.returncode == 0 and b"cannot be preloaded" not in out.stderr
+
+
 def resolve(argv: list[str], env: dict) -> list[str]:
     """``argv`` with its program looked up on the image's PATH, as the image's shell would. The
     absolute path matters here: this machine's Python lives in a directory the image's user
@@ -65,6 +82,9 @@ def test_the_recipe_is_what_this_test_replays() -> None:
     assert [w for w, _ in build].count("RUN") == 2 and any("pip wheel" in a for w, a in build if w == "RUN")
     runs = [a for w, a in final if w == "RUN"]
     assert "pip install" in runs[0] and "--no-index" in runs[0] and "grudge-stream --version" in runs[0]
+    # jemalloc from the base image's packages, preloaded for every process of the image
+    assert any("apt-get install" in a and "libjemalloc2" in a for a in runs[1:])
+    assert any(w == "ENV" and "LD_PRELOAD=libjemalloc.so.2" in a.split() for w, a in final)
     assert ("USER", "10001:10001") in final and ("ENTRYPOINT", '["grudge-stream", "worker"]') in final
 
 
@@ -119,6 +139,11 @@ def test_the_image_recipe_builds_installs_and_runs_as_its_user(harness, image_us
                 k, _, v = pair.partition("=")
                 image_env[k] = v
     assert image_env["GRUDGE_STATE_DIR"] == "/var/lib/grudge-stream"
+    # The image's apt-get install is not replayed: jemalloc comes from this machine where it has
+    # it, and LD_PRELOAD is dropped where it does not (the worker then says allocator "system").
+    jemalloc = preloads(image_env["LD_PRELOAD"])
+    if not jemalloc:
+        del image_env["LD_PRELOAD"]
     image_env["GRUDGE_STATE_DIR"] = str(state)  # the image's VOLUME, here
     image_env["GRUDGE_WEB_HOST"] = "127.0.0.1"  # the image binds 0.0.0.0; tests stay on loopback
     for check in checks:
@@ -161,6 +186,9 @@ def test_the_image_recipe_builds_installs_and_runs_as_its_user(harness, image_us
         assert proc.poll() is None, w.log()[-3000:]
         assert time.monotonic() < deadline, f"HEALTHCHECK never passed: {out.stderr[-500:]!r}; {w.log()[-2000:]}"
         time.sleep(1)
+    ready = json.loads(subprocess.run(prefix + resolve(["python", "-c", READY], run_env), env=run_env,
+                                      cwd=str(state), capture_output=True, timeout=30).stdout)
+    assert ready["allocator"] == ("jemalloc" if jemalloc else "system"), ready
     h.produce(h.make_events(500, seed=3, abusers=2, users=20))
     h.wait_caught_up()
     proc.send_signal(signal.SIGTERM)

@@ -4,6 +4,8 @@ layout it relies on, pinned), its fetcher's life cycle, and the ``ingest`` setti
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 
 import confluent_kafka
@@ -129,3 +131,36 @@ def test_native_unavailable_runs_todays_path_with_one_line_or_refuses(monkeypatc
             native.open_reader("native", c, "t", 10, columns=True)
     finally:
         c.close()
+
+
+def _preloadable(lib: str) -> bool:
+    out = subprocess.run([sys.executable, "-c", "pass"], env={**os.environ, "LD_PRELOAD": lib},
+                         capture_output=True, timeout=60)
+    return out.returncode == 0 and b"cannot be preloaded" not in out.stderr
+
+
+_ALLOCATOR = ("from grudge_stream.runtime import native; import logging, sys; "
+              "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s'); "
+              "from confluent_kafka import Consumer; "
+              "c = Consumer({'bootstrap.servers': '127.0.0.1:9', 'group.id': 'g', 'log_level': 0}); "
+              "r = native.open_reader('auto', c, 't', 10); print(native.allocator()); r.close(); c.close()")
+
+
+@pytest.mark.parametrize("preload", ["", "libjemalloc.so.2"])
+def test_the_allocator_is_named_in_the_start_line(preload: str, tmp_path) -> None:
+    """``allocator()`` reads what is mapped: the C library's malloc unless an allocator is
+    preloaded; the native path's start-up line says which, and how to get jemalloc."""
+    if preload and not _preloadable(preload):
+        pytest.skip(f"{preload} is not installed here")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if preload:
+        env["LD_PRELOAD"] = preload
+    out = subprocess.run([sys.executable, "-c", _ALLOCATOR], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    *lines, name = out.stdout.strip().splitlines()
+    (start,) = [ln for ln in lines if ln.startswith("ingest: native")]
+    if preload:
+        assert name == "jemalloc" and "allocator jemalloc)" in start
+    else:
+        assert name == "system" and "allocator system, jemalloc took" in start
