@@ -22,7 +22,9 @@ so that every size has keys to raise):
 
 Every system's process runs on the same C allocator (--allocator): by default jemalloc where
 its library loads (as in grudge-stream's container image; preloaded into the JVM, Quix and
-grudge-stream alike), else the system's malloc. Commit interval / checkpoint interval 5 s for all (--commit-s), Kafka Streams' record cache
+grudge-stream alike), else the system's malloc.
+
+Commit interval / checkpoint interval 5 s for all (--commit-s), Kafka Streams' record cache
 10 MiB (its default), static group membership for all that have it (group.instance.id =
 the run id: a restarted instance takes its partitions back at once instead of waiting out
 the dead one's session timeout). Each round runs every system in turn (interleaved), and
